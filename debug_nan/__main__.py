@@ -1,0 +1,3 @@
+from debug_nan.cli import main
+
+main()

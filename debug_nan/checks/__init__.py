@@ -1,0 +1,1 @@
+"""Checks tier: watch (always on, on-device flags), pinpoint (op-level replay), diagnose (named causes)."""

@@ -1,0 +1,208 @@
+"""Tier 2 driver: turn a trip of the watch into a Finding.
+
+Restore the state from just before the failing step (parameters, optimizer, scaler, scheduler), re-run the
+step's earlier micro-batches with their RNG states (so accumulated gradients match), then replay the failing
+micro-batch under the operator-level Tracer through forward, loss, backward and, for a parameter trip, the
+optimizer step. The tracer's first origin is diagnosed (tier 3).
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows, diagnose
+from debug_nan.checks.snapshot import Snapshot, restore_rng
+from debug_nan.checks.stats import flat_tensors, move_to, tensor_stats
+from debug_nan.checks.tracer import OpEvent, Tracer
+from debug_nan.checks.watch import Check
+from debug_nan.report.finding import Finding
+
+PHASE_OF_CHECK = {"data": "data", "forward": "forward", "loss": "loss", "loss_part": "loss", "grad": "backward",
+                  "param": "optimizer"}
+
+
+class TaskFailure(Exception):
+    """User code raised mid-step and the replay found no non-finite value behind it."""
+
+
+@dataclass
+class StepInputs:
+    """What a replay of one optimizer step needs: its micro-batches (as produced, before device placement),
+    the RNG state before each micro-batch, and the snapshot taken before the first."""
+
+    step: int
+    batches: list
+    rng: list = field(default_factory=list)
+    snapshot: Snapshot | None = None
+
+
+def _exception_text(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "/torch/" not in f.filename and "debug_nan/train/loop.py" not in f.filename]
+    where = f" (at {Path(user[-1].filename).name}:{user[-1].lineno})" if user else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _stats_dict(named: list[tuple[str, torch.Tensor]], limit: int = 6) -> dict[str, dict]:
+    out = {}
+    for name, t in named[:limit]:
+        try:
+            out[name] = tensor_stats(t).to_dict()
+        except RuntimeError:
+            continue
+    return out
+
+
+class Pinpointer:
+    def __init__(self, trainer):
+        self.t = trainer
+
+    # -- replay -------------------------------------------------------------------------------------------------
+    def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False):
+        """Re-run micro-batches 1..micro-1 plainly and `micro` under the tracer -> (tracer, exception, batch)."""
+        t = self.t
+        t.watch.enabled = False
+        exc = None
+        try:
+            inputs.snapshot.restore()
+            t.optimizer.zero_grad(set_to_none=True)
+            for i in range(micro - 1):
+                restore_rng(inputs.rng[i], t.device)
+                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device))
+                t.backward(loss)
+            restore_rng(inputs.rng[micro - 1], t.device)
+            batch = move_to(inputs.batches[micro - 1], t.device)
+            with Tracer(t.model) as tracer:
+                try:
+                    loss, _ = t.compute_loss(batch)
+                    t.backward(loss)
+                    if optimizer:
+                        if t.scaler is not None:
+                            t.scaler.unscale_(t.optimizer)
+                        tracer.phase_override = "optimizer"
+                        t.clip_and_step(None)
+                except (KeyboardInterrupt, MemoryError):
+                    raise
+                except Exception as e:  # the same exception as in the run, usually
+                    exc = e
+        finally:
+            t.watch.enabled = True
+            t.watch.discard()
+        return tracer, exc, batch
+
+    # -- findings -----------------------------------------------------------------------------------------------
+    def pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
+                 optimizer: bool = False) -> Finding:
+        t, log = self.t, self.t.log
+        raw = inputs.batches[micro - 1]
+        seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
+                else f"user code raised {_exception_text(error)}")
+        log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {seen}", "red")
+        if check is not None and check.kind == "data":
+            return self.data_finding(inputs, micro, check)
+        log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the op-level "
+            f"tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
+        tracer, replay_exc, batch = self.replay(inputs, micro, optimizer)
+        error = error or replay_exc
+        event = tracer.first or tracer.module_inf
+        log(f"  [pinpoint] {tracer.ops_seen} ops traced.")
+        if event is None:
+            if error is not None:
+                raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {_exception_text(error)}. The replay "
+                                  f"found no NaN/Inf before it, so this is an error in the task's code, not a "
+                                  f"numerical one.")
+            return self.watch_only_finding(inputs, micro, check)
+        return self.event_finding(inputs.step, micro, event, raw, check, error)
+
+    def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
+                      error: BaseException | None) -> Finding:
+        cause, explanation, suggestions = diagnose(event, raw)
+        if event.phase == "optimizer":
+            explanation = self._optimizer_explanation(event, explanation)
+        module_type = event.module_type
+        return Finding(
+            step=step, micro_step=micro, phase=event.phase, module=event.module, module_type=module_type,
+            op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,
+            suggestions=suggestions, source_line=event.source_line, backward_node=event.backward_node,
+            forward_source=event.forward_source, sample_ids=_sample_ids(raw),
+            inputs=_stats_dict(event.inputs), outputs=_stats_dict(event.outputs),
+            watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
+            exception=_exception_text(error) if error is not None else None,
+        )
+
+    def _optimizer_explanation(self, event: OpEvent, explanation: str) -> str:
+        names = {}
+        for name, p in self.t.model.named_parameters():
+            names[p.data_ptr()] = name
+            for key, value in self.t.optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    names[value.data_ptr()] = f"{name} (optimizer {key})"
+        hit = [names.get(tensor.data_ptr()) for _, tensor in event.outputs
+               if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+        hit = [h for h in hit if h]
+        what = f"`{hit[0]}`" if hit else "a parameter or optimizer state"
+        opt = type(self.t.optimizer).__name__
+        return (f"The {opt} step made {what} non-finite: {explanation} Every gradient going in was finite, so the "
+                f"update itself overflowed or divided by ~0 (learning rate, eps, or a gradient at the edge of range).")
+
+    def data_finding(self, inputs: StepInputs, micro: int, check: Check) -> Finding:
+        raw = inputs.batches[micro - 1]
+        tensor = dict(flat_tensors(raw))[check.name]
+        bad = ~torch.isfinite(tensor)
+        n_nan, n_inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        where = bad.nonzero()[:6].tolist()
+        rows = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero().squeeze(1) if tensor.dim() else None
+        owners = f"; rows belong to {describe_rows(rows, tensor.shape[0], raw)}" if rows is not None else ""
+        explanation = (f"The batch itself is non-finite before the model sees it: key `{check.name}` "
+                       f"{list(tensor.shape)} holds {n_nan} NaN and {n_inf} Inf of {tensor.numel()} values, at "
+                       f"positions {where}{' ...' if bad.sum() > 6 else ''}{owners}.")
+        return Finding(step=inputs.step, micro_step=micro, phase="data", module="", module_type="", op=None,
+                       kind="nan" if n_nan else "inf", cause="nonfinite_input", explanation=explanation,
+                       source=None, suggestions=list(SUGGESTIONS["nonfinite_input"]), sample_ids=_sample_ids(raw),
+                       inputs={check.name: tensor_stats(tensor).to_dict()}, watch=f"data `{check.name}`",
+                       detected_by="data check")
+
+    def watch_only_finding(self, inputs: StepInputs, micro: int, check: Check) -> Finding:
+        phase = PHASE_OF_CHECK.get(check.kind, "forward")
+        module = check.name if check.kind == "forward" else ""
+        explanation = (f"The watch saw {check.kind} `{check.name or '<loss>'}` = {check.value}, but the op-level "
+                       f"replay of the same micro-batch stayed finite: the value depends on something the replay "
+                       f"could not restore (a non-deterministic kernel, state outside the model and optimizer).")
+        return Finding(step=inputs.step, micro_step=micro, phase=phase, module=module,
+                       module_type=self._module_type(module), op=None,
+                       kind="nan" if math.isnan(check.value) else "inf", cause="unknown", explanation=explanation,
+                       source=None, suggestions=list(SUGGESTIONS["unknown"]), sample_ids=_sample_ids(inputs.batches[micro - 1]),
+                       watch=f"{check.kind} `{check.name}` = {check.value}", detected_by="watch")
+
+    def explosion(self, rec, floor: float, steps, accum: int) -> Finding:
+        s = self.t.s
+        name, value = max(rec.grad_norms.items(), key=lambda kv: kv[1])
+        module = name.rsplit(".", 1)[0] if "." in name else ""
+        series = ", ".join(f"{r.grad_norm:.3g}" for r in steps if r.grad_norm is not None)
+        share = value * value / max(rec.grad_norm ** 2, 1e-30)
+        explanation = (f"The total gradient norm grew from {floor:.3g} to {rec.grad_norm:.3g} by step {rec.step}, "
+                       f"past --explosion-threshold {s.explosion_threshold:g} and {rec.grad_norm / floor:.3g}x the "
+                       f"smallest earlier norm (per step: {series}). Largest: `{name}` {value:.3g} ({share:.0%} of "
+                       f"the squared total). Nothing is non-finite yet: stopped before the overflow.")
+        self.t.log(f"  [watch] TRIP at step {rec.step}: gradient norm {rec.grad_norm:.4g} (explosion)", "red")
+        return Finding(step=rec.step, micro_step=accum, phase="backward", module=module,
+                       module_type=self._module_type(module), op=None, kind="inf", cause="gradient_explosion",
+                       explanation=explanation, source=None, suggestions=list(SUGGESTIONS["gradient_explosion"]),
+                       watch=f"grad norm {rec.grad_norm:.4g}", detected_by="gradient history")
+
+    def _module_type(self, path: str) -> str:
+        try:
+            return type(self.t.model.get_submodule(path)).__name__ if path else ""
+        except AttributeError:
+            return ""
+
+
+def _sample_ids(batch) -> list[str] | None:
+    if isinstance(batch, dict) and isinstance(batch.get("sample_ids"), (list, tuple)):
+        return [str(i) for i in batch["sample_ids"]]
+    return None

@@ -1,0 +1,99 @@
+"""The state just before an optimizer step's first micro-batch, so a failing micro-batch can be replayed.
+
+Parameters and optimizer state are copied on their device into buffers allocated once (`_foreach_copy_`), the
+scaler/scheduler state is kept as a dict, and the RNG state is captured before every micro-batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import numpy as np
+import torch
+
+
+def capture_rng(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Snapshot:
+    """save() before each optimizer step; restore() puts model, optimizer, scaler and scheduler back."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None, scheduler=None):
+        self.model, self.optimizer, self.scaler, self.scheduler = model, optimizer, scaler, scheduler
+        self._params = [p for p in model.parameters()]
+        self._param_copies = [p.detach().clone() for p in self._params]
+        self._state_keys: list[tuple[torch.Tensor, str]] = []
+        self._state_copies: list[torch.Tensor] = []
+        self._other_state: dict = {}
+        self.step = 0
+
+    def _state_tensors(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+        out = []
+        for p in self._params:
+            for key, value in self.optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out.append((p, key, value))
+        return out
+
+    def save(self, step: int) -> None:
+        self.step = step
+        with torch.no_grad():
+            torch._foreach_copy_(self._param_copies, [p.detach() for p in self._params])
+            state = self._state_tensors()
+            keys = [(id(p), k) for p, k, _ in state]
+            if keys != self._state_keys:  # first step with state (or a new param group): allocate once
+                self._state_keys = keys
+                self._state_copies = [v.detach().clone() for _, _, v in state]
+            elif state:
+                torch._foreach_copy_(self._state_copies, [v.detach() for _, _, v in state])
+        self._other_state = {
+            "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in self.optimizer.state.get(p, {}).items()
+                                            if not isinstance(v, torch.Tensor)} for p in self._params},
+            "had_state": {id(p) for p in self._params if p in self.optimizer.state},
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+        }
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_([p.data for p in self._params], self._param_copies)
+            for p in self._params:
+                if id(p) not in self._other_state["had_state"]:
+                    self.optimizer.state.pop(p, None)
+            by_id = {id(p): p for p in self._params}
+            for (pid, key), saved in zip(self._state_keys, self._state_copies):
+                if pid in self._other_state["had_state"]:
+                    self.optimizer.state[by_id[pid]][key].copy_(saved)
+            for p in self._params:
+                for k, v in self._other_state["optimizer_nontensor"].get(id(p), {}).items():
+                    self.optimizer.state[p][k] = copy.deepcopy(v)
+        for p in self._params:
+            p.grad = None
+        if self.scaler is not None and self._other_state["scaler"]:
+            self.scaler.load_state_dict(self._other_state["scaler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(self._other_state["scheduler"])
+
+    def state_dicts(self) -> dict:
+        """Model and optimizer state as of save(), for a repro bundle (restores, copies, then leaves it as is)."""
+        current_params = [p.detach().clone() for p in self._params]
+        current_opt = copy.deepcopy(self.optimizer.state_dict())
+        self.restore()
+        out = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        with torch.no_grad():
+            torch._foreach_copy_([p.data for p in self._params], current_params)
+        self.optimizer.load_state_dict(current_opt)
+        return out

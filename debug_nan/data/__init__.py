@@ -1,0 +1,1 @@
+"""Data tier: BIOM table + tree (or synthetic data) -> tokens, UniFrac targets, token-limited batches."""

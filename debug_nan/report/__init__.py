@@ -1,0 +1,1 @@
+"""Report tier: the finding, the text log and the JSON report."""

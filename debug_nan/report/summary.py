@@ -1,0 +1,146 @@
+"""The last block of the log (the summary that pinpoints the first origin) and the JSON report."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import torch
+
+import debug_nan
+from debug_nan.errors import InputError
+from debug_nan.report.finding import Finding
+
+EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
+
+
+def _wrap(label: str, text: str, width: int = 100) -> list[str]:
+    lines = textwrap.wrap(text, width=width - 16) or [""]
+    return [f"  {label:<13}{lines[0]}"] + [f"  {'':<13}{line}" for line in lines[1:]]
+
+
+def _stats_line(stats: dict) -> str:
+    parts = [f"{stats['shape']} {stats['dtype']}"]
+    if stats.get("min") is not None:
+        parts.append(f"min {stats['min']:.4g} max {stats['max']:.4g}")
+    if stats.get("mean") is not None:
+        parts.append(f"mean {stats['mean']:.4g} std {stats['std']:.4g}")
+    n = max(stats["numel"], 1)
+    parts.append(f"NaN {stats['nan']} ({100 * stats['nan'] / n:.2f}%), Inf {stats['posinf'] + stats['neginf']} "
+                 f"({100 * (stats['posinf'] + stats['neginf']) / n:.2f}%)")
+    if stats.get("headroom") is not None:
+        parts.append(f"headroom {stats['headroom']:.3g}x")
+    return ", ".join(parts)
+
+
+def finding_lines(f: Finding) -> list[str]:
+    lines = []
+    lines += _wrap("where", f"step {f.step}, micro-batch {f.micro_step}, phase {f.phase}")
+    if f.phase not in ("data", "loss"):
+        lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
+    elif f.phase == "loss":
+        lines += _wrap("module", "none (the task's loss code, outside the model)")
+    if f.op:
+        lines += _wrap("operation", f"{f.op} -> first {f.kind.upper()}"
+                       + (f" (in backward node {f.backward_node})" if f.backward_node else ""))
+    if f.source:
+        lines += _wrap("source", f.source + (f"   {f.source_line}" if f.source_line else ""))
+    lines += _wrap("cause", f.cause)
+    lines += _wrap("evidence", f.explanation)
+    for name, stats in f.inputs.items():
+        lines += _wrap(f"in {name}"[:12], _stats_line(stats))
+    for name, stats in f.outputs.items():
+        lines += _wrap(name[:12], _stats_line(stats))
+    if f.sample_ids:
+        lines += _wrap("samples", ", ".join(f.sample_ids))
+    if f.exception:
+        lines += _wrap("exception", f.exception)
+    if f.watch:
+        lines += _wrap("watch saw", f"{f.watch} (detected by {f.detected_by})")
+    lines.append("  try:")
+    for i, tip in enumerate(f.suggestions, 1):
+        wrapped = textwrap.wrap(tip, width=92)
+        lines.append(f"    {i}. {wrapped[0]}")
+        lines += [f"       {w}" for w in wrapped[1:]]
+    return lines
+
+
+def write_summary(log, result, elapsed: float) -> None:
+    log()
+    log.rule("SUMMARY")
+    code = EXIT_CODES[result.status]
+    if result.interrupted:
+        log(f"  interrupted after {result.steps_run} step(s) (Ctrl-C); what ran until then:")
+    if result.status == "clean":
+        log(f"  status       CLEAN: {result.steps_run} step(s) ran, every module output, loss, gradient and "
+            f"parameter stayed finite ({elapsed:.1f} s).", "green")
+    elif result.status == "error":
+        log(f"  status       ERROR after {result.steps_run} step(s) (exit {code})", "red")
+        for line in _wrap("error", result.error or ""):
+            log(line)
+    else:
+        f = result.finding
+        log(f"  status       NONFINITE: the first {f.kind.upper()} was born here (exit {code})", "red")
+        for line in finding_lines(f):
+            log(line)
+        if len(result.findings) > 1:
+            log(f"  ({len(result.findings) - 1} later finding(s) in the JSON report)")
+    for note in result.notes:
+        for line in _wrap("note", note):
+            log(line)
+    log.rule()
+
+
+def report_dict(result, settings, device, elapsed: float) -> dict:
+    first = result.finding.to_dict() if result.finding is not None else None
+    return {
+        "status": result.status,
+        "steps_run": result.steps_run,
+        "first_nonfinite": first,
+        "findings": [f.to_dict() for f in result.findings],
+        "error": result.error,
+        "interrupted": result.interrupted,
+        "exit_code": EXIT_CODES[result.status] if not result.interrupted else 130,
+        "elapsed_s": round(elapsed, 3),
+        "device": str(device) if device is not None else None,
+        "torch": torch.__version__,
+        "debug_nan": debug_nan.__version__,
+        "settings": settings.to_dict(),
+        "history": result.history.to_dict(),
+        "notes": result.notes,
+    }
+
+
+def check_writable(path: str | None, option: str) -> None:
+    """Fail early (exit 2) when an output path cannot be written, before any training time is spent."""
+    if not path:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(f"{option} {p} is a directory; give a file path.")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{option} {p}: cannot write there ({exc.strerror or exc}).") from None
+
+
+def _json_safe(obj):
+    """Strict JSON: non-finite floats become the strings "nan", "inf", "-inf"; unknown objects their str()."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else ("nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf"))
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
+
+
+def write_report(path: str, data: dict) -> None:
+    Path(path).write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")

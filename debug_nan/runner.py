@@ -1,0 +1,70 @@
+"""One job from settings to exit code: header, task, training with checks, summary, JSON report."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+import torch
+
+import debug_nan
+from debug_nan.errors import InputError
+from debug_nan.report.log import Log
+from debug_nan.report.summary import EXIT_CODES, check_writable, report_dict, write_report, write_summary
+from debug_nan.settings import RunSettings
+
+
+def header(log: Log, s: RunSettings, device: torch.device) -> None:
+    log.rule(f"debug-nan {debug_nan.__version__}")
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    log(f"  torch {torch.__version__} | python {platform.python_version()} | device {device}{gpu}")
+    log(f"  task {s.task or 'built-in AAM pipeline'} | steps {s.max_steps} x {s.gradient_accumulation_steps} "
+        f"micro-batch(es) | batch {s.batch_size} | token limit {s.token_limit} | precision {s.precision} | "
+        f"lr {s.lr:g} | clip {s.max_grad_norm} | seed {s.seed}")
+
+
+def oom_message(exc: BaseException, s: RunSettings, device: torch.device) -> str:
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 0.0
+    first = str(exc).splitlines()[0] if str(exc) else "out of memory"
+    return (f"CUDA ran out of memory ({first}); peak allocated {peak:.2f} GiB of {total:.1f} GiB. The ASV encoder "
+            f"holds [batch x token limit x 151] activations: lower --batch-size (now {s.batch_size}) or "
+            f"--token-limit (now {s.token_limit}), or bound the encoder with --asv-chunk-size 1024.")
+
+
+def run_job(s: RunSettings, stream=None) -> int:
+    """Run the job and return the process exit code."""
+    from debug_nan.cli import fail
+    from debug_nan.train.loop import Trainer, resolve_device
+
+    started = time.perf_counter()
+    log = None
+    device = None
+    try:
+        check_writable(s.report, "--report")
+        log = Log(s.log, stream=stream)
+        device = resolve_device(s.device, log)
+        header(log, s, device)
+        if s.task:
+            from debug_nan.train.task import load_task
+
+            task = load_task(s.task, s)
+        else:
+            from debug_nan.train.aam_task import build_aam_task
+
+            task = build_aam_task(s, log)
+        trainer = Trainer(task, s, log, device)
+        result = trainer.run()
+    except InputError as exc:
+        fail(str(exc), log)
+    except torch.OutOfMemoryError as exc:
+        fail(oom_message(exc, s, device), log)
+    elapsed = time.perf_counter() - started
+    write_summary(log, result, elapsed)
+    data = report_dict(result, s, device, elapsed)
+    if s.report:
+        write_report(s.report, data)
+        log(f"JSON report written to {s.report}")
+    log.close()
+    return 130 if result.interrupted else EXIT_CODES[result.status]

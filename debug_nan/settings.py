@@ -1,0 +1,155 @@
+"""Run settings: one flat dataclass, filled from defaults, then a TOML config file, then explicit CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from debug_nan.errors import InputError
+
+CHOICES = {
+    "asv_order": ("first", "abundance", "random"),
+    "unifrac": ("unweighted", "weighted"),
+    "precision": ("fp32", "bf16", "fp16"),
+}
+
+
+@dataclass
+class RunSettings:
+    # data
+    data_dir: str = "./data"
+    table: str | None = None
+    tree: str | None = None
+    sequences: str | None = None
+    token_limit: int = 512
+    batch_size: int = 6
+    asv_order: str = "first"
+    rarefy_depth: int | None = None
+    unifrac: str = "unweighted"
+    synthetic_samples: int = 48
+    # model (AAM-style reference model, the built-in task)
+    d_model: int = 128
+    heads: int = 4
+    asv_layers: int = 2
+    sample_layers: int = 2
+    encoder_layers: int = 2
+    ffn_mult: int = 4
+    dropout: float = 0.1
+    guards: bool = True
+    asv_chunk_size: int | None = None
+    nuc_weight: float = 1.0
+    unifrac_weight: float = 1.0
+    # training
+    task: str | None = None
+    device: str = "auto"
+    max_steps: int = 10
+    gradient_accumulation_steps: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 2
+    max_grad_norm: float | None = 1.0
+    precision: str = "fp32"
+    seed: int = 42
+    # checks
+    trace_every_step: bool = False
+    keep_going: bool = False
+    explosion_threshold: float = 1e4
+    explosion_growth: float = 1e3
+    # output
+    report: str | None = None
+    log: str | None = None
+    plot: str | None = None
+    bundle_dir: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELD_TYPES = {f.name: f.type for f in fields(RunSettings)}
+
+
+def _check_value(name: str, value: Any, origin: str) -> Any:
+    """Coerce a TOML value to the field's type, or raise InputError naming the key and where it came from."""
+    ftype = str(FIELD_TYPES[name])
+    if value is None:
+        return None
+    ok = True
+    if ftype.startswith("bool"):
+        ok = isinstance(value, bool)
+    elif ftype.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif ftype.startswith("float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif ftype.startswith("str"):
+        ok = isinstance(value, str)
+    if not ok:
+        raise InputError(f"{origin}: `{name}` must be of type {ftype}, got {value!r}.")
+    if name in CHOICES and value not in CHOICES[name]:
+        raise InputError(f"{origin}: `{name}` must be one of {', '.join(CHOICES[name])}, got {value!r}.")
+    return value
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job config. Tables ([data], [model], ...) only group keys; every key must be a known setting."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"Config file {path} does not exist (given with --config).") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"Config file {path} is not valid TOML: {exc}.") from None
+    flat: dict[str, Any] = {}
+
+    def walk(table: dict[str, Any], where: str) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                walk(value, f"{where}[{key}] ")
+                continue
+            name = key.replace("-", "_")
+            if name not in FIELD_TYPES:
+                raise InputError(
+                    f"Config file {path}: unknown key `{key}` {where.strip()}. "
+                    f"Known keys are the long CLI option names, e.g. token_limit, batch_size, d_model."
+                )
+            flat[name] = _check_value(name, value, f"Config file {path}")
+
+    walk(raw, "")
+    return flat
+
+
+def build_settings(config_path: str | None, overrides: dict[str, Any]) -> RunSettings:
+    """Defaults <- config file <- explicit flags (entries of `overrides` that are not None)."""
+    values: dict[str, Any] = {}
+    if config_path:
+        values.update(load_config(config_path))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    settings = RunSettings(**values)
+    validate(settings)
+    return settings
+
+
+def validate(s: RunSettings) -> None:
+    """Range checks that do not need the data; each message names the option."""
+    positive = ["token_limit", "batch_size", "max_steps", "gradient_accumulation_steps", "d_model", "heads",
+                "ffn_mult", "synthetic_samples"]
+    for name in positive:
+        value = getattr(s, name)
+        if value is None or value <= 0:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
+    if s.d_model % s.heads:
+        raise InputError(f"--d-model ({s.d_model}) must be divisible by --heads ({s.heads}).")
+    if s.lr <= 0:
+        raise InputError(f"--lr must be positive, got {s.lr}.")
+    if s.rarefy_depth is not None and s.rarefy_depth <= 0:
+        raise InputError(f"--rarefy-depth must be a positive integer, got {s.rarefy_depth}.")
+    if s.asv_chunk_size is not None and s.asv_chunk_size <= 0:
+        raise InputError(f"--asv-chunk-size must be a positive integer, got {s.asv_chunk_size}.")
+    if not 0.0 <= s.dropout < 1.0:
+        raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
+    for name, allowed in CHOICES.items():
+        if getattr(s, name) not in allowed:
+            raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

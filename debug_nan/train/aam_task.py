@@ -1,0 +1,101 @@
+"""The built-in task: the AAM-style pipeline (BIOM + tree or synthetic data -> batches -> AAMModel -> loss).
+
+It is a task like any `--task` plug-in; the runner treats it no differently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from debug_nan.data.batches import Collator, check_batch
+from debug_nan.data.loading import Dataset, find_data_files, load_dataset
+from debug_nan.data.synthetic import synthesize
+from debug_nan.data.tokens import PAD, VOCAB_SIZE
+from debug_nan.data.unifrac import compute_unifrac
+from debug_nan.errors import InputError
+from debug_nan.model.aam import AAMConfig, AAMModel
+from debug_nan.settings import RunSettings
+from debug_nan.train.task import Task
+
+
+class EpochBatches:
+    """Iterable of collated batches: each iteration is one epoch in a new seeded order (last partial dropped)."""
+
+    def __init__(self, collate: Collator, n_samples: int, batch_size: int, seed: int):
+        self.collate, self.n_samples, self.batch_size, self.seed = collate, n_samples, batch_size, seed
+        self.epoch = 0
+
+    def __iter__(self):
+        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n_samples)
+        self.epoch += 1
+        for start in range(0, self.n_samples - self.batch_size + 1, self.batch_size):
+            yield self.collate(order[start:start + self.batch_size])
+
+
+def aam_loss(model: torch.nn.Module, batch: dict, nuc_weight: float = 1.0, unifrac_weight: float = 1.0) -> dict:
+    """UniFrac regression over the off-diagonal pairs + nucleotide cross-entropy over non-padding positions."""
+    out = model(batch["tokens"])
+    pred, target = out["unifrac"].float(), batch["unifrac"]
+    b = target.shape[0]
+    off_diagonal = 1.0 - torch.eye(b, device=target.device)
+    unifrac = ((pred - target) ** 2 * off_diagonal).sum() / (b * (b - 1))
+    nucleotides = F.cross_entropy(out["nucleotides"].reshape(-1, VOCAB_SIZE).float(), batch["tokens"].reshape(-1),
+                                  ignore_index=PAD)
+    return {"loss": unifrac_weight * unifrac + nuc_weight * nucleotides, "unifrac": unifrac,
+            "nucleotides": nucleotides}
+
+
+def load_or_synthesize(s: RunSettings, log) -> Dataset:
+    """--table/--tree, else the files in --data-dir, else synthetic data."""
+    table = Path(s.table) if s.table else None
+    tree = Path(s.tree) if s.tree else None
+    if table is None:
+        found_table, found_tree = find_data_files(s.data_dir)
+        table, tree = found_table, tree or found_tree
+    elif tree is None:
+        tree = find_data_files(table.parent)[1]
+    if table is None:
+        if tree is not None:
+            raise InputError(f"Found tree {tree} but no BIOM table (*.biom) in {s.data_dir}; pass --table FILE.")
+        return synthesize(s.synthetic_samples, s.token_limit, s.seed)
+    return load_dataset(table, tree, s.sequences, s.rarefy_depth, s.seed)
+
+
+def build_aam_task(s: RunSettings, log=print) -> Task:
+    data = load_or_synthesize(s, log)
+    for note in data.notes + data.token_report.policy_lines():
+        log(note)
+    if s.batch_size < 2 or s.batch_size % 2:
+        raise InputError(f"--batch-size {s.batch_size}: the UniFrac target needs pairs of samples, so the batch "
+                         f"size must be an even number >= 2.")
+    if s.batch_size > data.n_samples:
+        raise InputError(f"--batch-size {s.batch_size} is larger than the {data.n_samples} samples of "
+                         f"{data.source}; lower --batch-size.")
+    distances = compute_unifrac(data.counts, data.asv_ids, data.sample_ids, data.tree, s.unifrac, log=log)
+    richness = data.richness()
+    over = int((richness > s.token_limit).sum())
+    log(f"Token limit {s.token_limit}: {over} of {data.n_samples} samples hold more ASVs and are truncated "
+        f"(--asv-order {s.asv_order}); {int((richness < s.token_limit).sum())} leave padding slots.")
+    collate = Collator(data, distances, s.token_limit, s.asv_order, s.seed)
+    cfg = AAMConfig(token_limit=s.token_limit, d_model=s.d_model, heads=s.heads, asv_layers=s.asv_layers,
+                    sample_layers=s.sample_layers, encoder_layers=s.encoder_layers, ffn_mult=s.ffn_mult,
+                    dropout=s.dropout, guards=s.guards, asv_chunk_size=s.asv_chunk_size)
+    torch.manual_seed(s.seed)
+    model = AAMModel(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
+        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}.")
+
+    def loss(model, batch):
+        return aam_loss(model, batch, s.nuc_weight, s.unifrac_weight)
+
+    def describe(batch) -> list[str]:
+        report = check_batch(batch)
+        return report.lines() + [f"WARNING: {p}" for p in report.problems]
+
+    return Task(model=model, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed), loss=loss,
+                describe_batch=describe, name="aam (built-in)")

@@ -1,0 +1,283 @@
+"""The runner: one training loop for every task, readable top to bottom.
+
+for each optimizer step:
+    snapshot the state (for a replay), then for each micro-batch:
+        watch the batch, forward + loss, backward (loss / accumulation), watch the gradients
+        one host sync: did anything go non-finite? -> pinpoint it (replay under the tracer), stop
+    clip, optimizer step (gradient scaler for fp16), schedule, watch the parameters (checked at the next sync)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from debug_nan.checks.history import History, StepRecord
+from debug_nan.checks.pinpoint import Pinpointer, StepInputs, TaskFailure
+from debug_nan.checks.snapshot import Snapshot, capture_rng
+from debug_nan.checks.stats import move_to
+from debug_nan.checks.watch import Watch
+from debug_nan.errors import InputError
+from debug_nan.report.finding import Finding
+from debug_nan.settings import RunSettings
+from debug_nan.train.task import Task
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(spec: str, log) -> torch.device:
+    """auto -> CUDA when available, else CPU (with a notice); cuda / cuda:N must exist."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        log("NOTICE: no CUDA device is available; running on the CPU (use --device cuda on a GPU node).")
+        return torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise InputError(f"--device {spec!r} is not a device: use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {spec}: this machine has no usable CUDA device (torch "
+                             f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Use --device cpu or auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    elif device.type != "cpu":
+        raise InputError(f"--device {spec}: only cpu and cuda devices are supported.")
+    return device
+
+
+def split_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A task's loss output -> (scalar loss, other scalar entries)."""
+    parts = {}
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise TypeError(f"the task's loss returned a dict without a 'loss' entry (keys: {sorted(out)})")
+        parts = {k: v for k, v in out.items() if k != "loss" and isinstance(v, torch.Tensor) and v.numel() == 1}
+        out = out["loss"]
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"the task's loss must return a scalar tensor (got {shape})")
+    return out.reshape(()), parts
+
+
+@dataclass
+class RunResult:
+    status: str  # "clean" | "nonfinite" | "error"
+    steps_run: int
+    finding: Finding | None = None
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None
+    history: History = field(default_factory=History)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+class Trainer:
+    def __init__(self, task: Task, settings: RunSettings, log, device: torch.device | None = None):
+        self.task, self.s, self.log = task, settings, log
+        self.device = device or resolve_device(settings.device, log)
+        torch.manual_seed(settings.seed)
+        self.model = task.model.to(self.device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = (task.optimizer(params) if task.optimizer is not None
+                          else torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay))
+        warmup = max(1, settings.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: min(1.0, (i + 1) / warmup))
+        self.autocast_dtype = AUTOCAST_DTYPES.get(settings.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if settings.precision == "fp16" else None
+        self.accum = settings.gradient_accumulation_steps
+        self.watch = Watch(self.model, self.optimizer)
+        self.watch.detailed = settings.trace_every_step
+        # two snapshots: the parameter check of step k runs at the first sync of step k + 1
+        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
+        self.pinpointer = Pinpointer(self)
+        self.history = History()
+
+    # -- the pieces of a step, shared by the run and the replay ---------------------------------------------
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def compute_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        self.model.train()
+        with self.autocast():
+            out = self.task.loss(self.model, batch)
+        return split_loss(out)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        scaled = loss / self.accum
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+
+    def clip_and_step(self, grad_norms: list[torch.Tensor] | None) -> None:
+        """Clip with the norms the watch already computed (no second pass), then step (the scaler may skip)."""
+        grads = [p.grad for p in self.watch_params() if p.grad is not None]
+        if self.s.max_grad_norm and grads:
+            norms = grad_norms if grad_norms else torch._foreach_norm(grads)
+            total = torch.linalg.vector_norm(torch.stack([n.to(self.device) for n in norms]))
+            coef = torch.clamp(self.s.max_grad_norm / (total + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+
+    def watch_params(self) -> list[torch.nn.Parameter]:
+        return [p for _, p in self.watch.named_params]
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def batch_stream(self):
+        """Micro-batches forever, re-iterating task.batches; an empty iterable is a task error."""
+        while True:
+            produced = False
+            for batch in self.task.batches:
+                produced = True
+                yield batch
+            if not produced:
+                raise InputError(f"The task's `batches` ({self.task.name}) yielded no micro-batch.")
+
+    def run(self) -> RunResult:
+        s, log = self.s, self.log
+        result = RunResult(status="clean", steps_run=0, history=self.history)
+        stream = self.batch_stream()
+        previous: StepInputs | None = None
+        try:
+            for step in range(1, s.max_steps + 1):
+                started = time.perf_counter()
+                if self.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                snapshot = self.snapshots[step % 2]
+                snapshot.save(step)
+                inputs = StepInputs(step=step, batches=[next(stream) for _ in range(self.accum)], rng=[],
+                                    snapshot=snapshot)
+                rec = self.history.begin(step)
+                rec.lr = self.optimizer.param_groups[0]["lr"]
+                log()
+                log.rule(f"STEP {step}/{s.max_steps}" + (f" (micro-batches 1..{self.accum})" if self.accum > 1 else ""))
+                self.optimizer.zero_grad(set_to_none=True)
+                finding = None
+                for micro, raw in enumerate(inputs.batches, 1):
+                    finding = self.micro_step(inputs, micro, raw, rec, previous)
+                    if finding is not None:
+                        break
+                result.steps_run = step
+                if finding is None:
+                    finding = self.check_explosion(rec)
+                if finding is not None:
+                    result.findings.append(finding)
+                    if not s.keep_going:
+                        break
+                    log("--keep-going: skipping this step's update and going on.", "yellow")
+                    inputs.snapshot.restore()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    previous = None
+                    continue
+                self.clip_and_step(self.last_grad_norms)
+                self.watch.watch_params()
+                rec.seconds = time.perf_counter() - started
+                if self.device.type == "cuda":
+                    rec.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+                self.log_step(rec)
+                previous = inputs
+            else:
+                # the parameter check of the last step: one more sync
+                last = self.watch.sync()
+                bad = last.first_nonfinite()
+                if bad is not None and previous is not None:
+                    result.findings.append(self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True))
+        except KeyboardInterrupt:
+            result.interrupted = True
+            log("Interrupted (Ctrl-C): writing the partial summary.", "yellow")
+        except TaskFailure as failure:
+            result.error = str(failure)
+        result.finding = result.findings[0] if result.findings else None
+        if result.finding is not None:
+            result.status = "nonfinite"
+        elif result.error is not None:
+            result.status = "error"
+        return result
+
+    def micro_step(self, inputs: StepInputs, micro: int, raw, rec: StepRecord,
+                   previous: StepInputs | None) -> Finding | None:
+        """Forward, loss, backward and the watch for one micro-batch; a Finding if something tripped."""
+        log = self.log
+        last = micro == self.accum
+        inputs.rng.append(capture_rng(self.device))
+        batch = move_to(raw, self.device)
+        if self.task.describe_batch is not None:
+            for line in self.task.describe_batch(raw):
+                log(f"  [data{f' {micro}' if self.accum > 1 else ''}] {line}",
+                    "yellow" if line.startswith("WARNING") else None)
+        error = None
+        self.last_grad_norms = None
+        try:
+            self.watch.watch_batch(batch)
+            loss, parts = self.compute_loss(batch)
+            self.watch.watch_loss(loss, parts)
+            self.backward(loss)
+            if last and self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            self.last_grad_norms = self.watch.watch_grads()
+        except (InputError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
+            error = exc
+        result = self.watch.sync()
+        self.history.add_micro(rec, result, last)
+        if last and rec.loss is not None:
+            rec.loss /= self.accum
+            rec.parts = {k: v / self.accum for k, v in rec.parts.items()}
+        if self.s.trace_every_step and result.layer_stats:
+            log(f"  [trace{f' {micro}' if self.accum > 1 else ''}] layer-by-layer (module outputs, in order):")
+            for name, stats in result.layer_stats.items():
+                log(f"    {name}: {stats.line()}")
+        bad = result.first_nonfinite()
+        if bad is not None and bad.kind == "param":
+            if previous is None:
+                return None
+            return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True)
+        if bad is not None and bad.kind == "grad" and self.scaler is not None and error is None:
+            scale = self.scaler.get_scale()
+            if scale >= 1.0:  # an fp16 loss-scale overflow: expected, the scaler skips the step
+                rec.scaler_skipped = True
+                log(f"  [fp16] gradient scaler overflow at scale {scale:g}: step skipped, scale lowered (expected).")
+                return None
+        if bad is None and error is None:
+            return None
+        return self.pinpointer.pinpoint(inputs, micro, bad, error)
+
+    def check_explosion(self, rec: StepRecord) -> Finding | None:
+        hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)
+        if hit is None:
+            return None
+        return self.pinpointer.explosion(rec, hit[1], self.history.steps, self.accum)
+
+    def log_step(self, rec: StepRecord) -> None:
+        parts = ", ".join(f"{k} {v:.4g}" for k, v in rec.parts.items())
+        loss = f"loss {rec.loss:.5g}" + (f" ({parts})" if parts else "") if rec.loss is not None else "loss -"
+        line = [loss]
+        if rec.grad_norm is not None:
+            clip = self.s.max_grad_norm
+            line.append(f"grad norm {rec.grad_norm:.4g}" + (f" (clipped to {clip:g})" if clip and
+                                                             rec.grad_norm > clip else ""))
+        line.append(f"lr {rec.lr:.3g}")
+        if rec.seconds is not None:
+            line.append(f"{rec.seconds:.2f} s")
+        if rec.peak_memory_mb is not None:
+            line.append(f"peak CUDA memory {rec.peak_memory_mb:,.0f} MiB")
+        self.log("  [watch] " + " | ".join(line))
+        if rec.grad_norms:
+            top = sorted(rec.grad_norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)[:3]
+            self.log("  [grads] largest: " + ", ".join(f"{n} {v:.3g}" for n, v in top))
+        if rec.activations:
+            name, value = max(rec.activations.items(), key=lambda kv: kv[1])
+            self.log(f"  [acts]  {len(rec.activations)} module outputs finite; largest |x| {value:.4g} in "
+                     f"{name or '<model>'}")
+        self.log("  [ok] every module output, the loss and every gradient are finite", "green")
