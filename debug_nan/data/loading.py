@@ -75,6 +75,10 @@ def load_biom(path: str | Path):
             f"2.x (HDF5) file, e.g. written by `biom convert` or QIIME 2's `qiime tools export`."
         ) from None
     if table.shape[0] == 0 or table.shape[1] == 0 or table.sum() == 0:
+        head = path.read_bytes()[:8]
+        if not (head.startswith(b"\x89HDF") or head.lstrip().startswith(b"{")):
+            raise InputError(f"BIOM table {path} could not be read: it is neither a BIOM 2.x (HDF5) nor a BIOM 1.0 "
+                             f"(JSON) file, and parsed as a table with no data.")
         raise InputError(f"BIOM table {path} is empty ({table.shape[0]} observations x {table.shape[1]} samples, "
                          f"total count {table.sum():g}); there is nothing to train on.")
     return table

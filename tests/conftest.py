@@ -1,0 +1,58 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from debug_nan.cli import main
+from debug_nan.data.synthetic import synthesize
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tiny.toml")
+SCENARIOS = REPO / "tests" / "scenarios.py"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DEBUG_NAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_data():
+    """24 samples, richness 3..48 ASVs against a token limit of 24."""
+    return synthesize(24, 24, seed=3)
+
+
+class Run:
+    def __init__(self, code: int, output: str, report: dict | None):
+        self.code, self.output, self.report = code, output, report
+
+    @property
+    def first(self) -> dict:
+        return self.report["first_nonfinite"]
+
+
+@pytest.fixture
+def run_cli(tmp_path, monkeypatch):
+    """Run `debug-nan ARGS` in-process in an empty folder (no ./data), with --report; returns a Run."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> Run:
+        report = tmp_path / "report.json"
+        if report.exists():
+            report.unlink()
+        result = CliRunner().invoke(main, [*args, "--report", str(report)], catch_exceptions=False)
+        data = json.loads(report.read_text()) if report.exists() and report.stat().st_size else None
+        return Run(result.exit_code, result.output, data)
+
+    return run
+
+
+def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The real console entry point in a fresh process."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "debug_nan", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
