@@ -188,6 +188,14 @@ def _domain_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
             return "log_of_nonpositive", (
                 f"{event.op} of {zeros} values equal to {low:g} (-> -inf) and {neg} below it (-> NaN) out of "
                 f"{x.numel()}; smallest input {float(x[torch.isfinite(x)].min()) if torch.isfinite(x).any() else float('nan'):.4g}.")
+    if name.startswith(("addcdiv", "_foreach_addcdiv")) and len(event.inputs) >= 3:
+        den = event.inputs[2][1]
+        zeros = _count(den == 0)
+        if zeros:
+            num = event.inputs[1][1]
+            both = _count((den == 0) & (num == 0)) if num.shape == den.shape else 0
+            return "div_by_zero", (f"{event.op}: the denominator `{event.inputs[2][0]}` is exactly 0 at {zeros} of "
+                                   f"{den.numel()} positions ({both} of them 0/0 = NaN).")
     if name in DIV_OPS:
         den = event.inputs[1][1] if len(event.inputs) > 1 else x
         if name.startswith("reciprocal"):
@@ -225,13 +233,12 @@ def _singular_rule(event: OpEvent) -> tuple[str, str] | None:
     fn = node_name.split("Backward")[0]
     formula = BACKWARD_FORMULA.get(fn, f"the derivative of {fn.lower()} is infinite there")
     evidence = []
-    node = event.node
-    for attr in ("_saved_result", "_saved_self", "_saved_other"):
-        saved = getattr(node, attr, None) if node is not None else None
+    for name in ("result", "self", "other"):
+        saved = event.saved.get(name)
         if isinstance(saved, torch.Tensor) and saved.is_floating_point():
             zeros = _count(saved == 0)
             if zeros:
-                evidence.append(f"its saved forward {attr[7:]} is 0 at {zeros} of {saved.numel()} positions")
+                evidence.append(f"its saved forward {name} is 0 at {zeros} of {saved.numel()} positions")
     at = f" (forward at {event.forward_source})" if event.forward_source else ""
     detail = "; ".join(evidence) if evidence else "its forward input sits on the singular point"
     return "grad_at_singularity", (f"Backward of {fn.lower()} ({node_name}{at}) produced {event.kind.upper()} while "
@@ -263,12 +270,21 @@ def _overflow_rule(event: OpEvent) -> tuple[str, str] | None:
 
 
 def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
-    """(cause code, explanation with evidence, suggestions) for an op-level origin."""
+    """(cause code, explanation with evidence, suggestions) for an op-level origin. A rule that fails on an
+    unusual op falls back to `unknown` with the input statistics: the finding itself is never lost."""
+    try:
+        cause, explanation = _classify(event, batch)
+    except Exception as exc:  # noqa: BLE001 - diagnosis is best effort, the origin stands regardless
+        cause, explanation = "unknown", f"{event.op} produced {event.kind.upper()} (diagnosis failed: {exc})."
+    if event.phase == "optimizer":
+        cause = "nonfinite_parameter"
+    return cause, explanation, list(SUGGESTIONS[cause])
+
+
+def _classify(event: OpEvent, batch) -> tuple[str, str]:
     name = base_name(event.op)
     result = None
-    if event.phase == "optimizer":
-        result = ("nonfinite_parameter", f"The optimizer step produced {event.kind.upper()} in {event.op}.")
-    if result is None and event.phase == "backward":
+    if event.phase == "backward":
         result = _singular_rule(event)
     if result is None and name in SOFTMAX_OPS or name.startswith("_scaled_dot_product"):
         result = _softmax_rule(event, batch)
@@ -285,5 +301,4 @@ def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
     if result is None:
         stats = "; ".join(f"{n}: {tensor_stats(t).line()}" for n, t in event.inputs[:3])
         result = ("unknown", f"{event.op} produced {event.kind.upper()} from finite inputs ({stats}).")
-    cause, explanation = result
-    return cause, explanation, list(SUGGESTIONS[cause])
+    return result

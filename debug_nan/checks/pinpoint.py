@@ -122,11 +122,13 @@ class Pinpointer:
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None) -> Finding:
         cause, explanation, suggestions = diagnose(event, raw)
+        module, module_type = event.module, event.module_type
         if event.phase == "optimizer":
-            explanation = self._optimizer_explanation(event, explanation)
-        module_type = event.module_type
+            param, explanation = self._optimizer_explanation(event, explanation)
+            module = param.rsplit(".", 1)[0] if param and "." in param else ""
+            module_type = self._module_type(module) if param else ""
         return Finding(
-            step=step, micro_step=micro, phase=event.phase, module=event.module, module_type=module_type,
+            step=step, micro_step=micro, phase=event.phase, module=module, module_type=module_type,
             op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,
             suggestions=suggestions, source_line=event.source_line, backward_node=event.backward_node,
             forward_source=event.forward_source, sample_ids=_sample_ids(raw),
@@ -135,7 +137,8 @@ class Pinpointer:
             exception=_exception_text(error) if error is not None else None,
         )
 
-    def _optimizer_explanation(self, event: OpEvent, explanation: str) -> str:
+    def _optimizer_explanation(self, event: OpEvent, evidence: str) -> tuple[str | None, str]:
+        """(parameter name, explanation) for an origin inside the optimizer step."""
         names = {}
         for name, p in self.t.model.named_parameters():
             names[p.data_ptr()] = name
@@ -147,8 +150,10 @@ class Pinpointer:
         hit = [h for h in hit if h]
         what = f"`{hit[0]}`" if hit else "a parameter or optimizer state"
         opt = type(self.t.optimizer).__name__
-        return (f"The {opt} step made {what} non-finite: {explanation} Every gradient going in was finite, so the "
-                f"update itself overflowed or divided by ~0 (learning rate, eps, or a gradient at the edge of range).")
+        param = hit[0].split(" (optimizer")[0] if hit else None
+        return param, (f"The {opt} step made {what} non-finite although every gradient going in was finite: "
+                       f"{evidence} (settings of this optimizer: "
+                       f"{ {k: v for k, v in self.t.optimizer.defaults.items() if k in ('lr', 'eps', 'betas', 'momentum', 'weight_decay')} }).")
 
     def data_finding(self, inputs: StepInputs, micro: int, check: Check) -> Finding:
         raw = inputs.batches[micro - 1]

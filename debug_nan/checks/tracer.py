@@ -27,8 +27,14 @@ import debug_nan
 
 TAG = "debug_nan_module"
 TORCH_DIR = os.path.dirname(torch.__file__)
-# frames that are the tool, not the user's code
-TOOL_FILES = tuple(os.path.join(os.path.dirname(debug_nan.__file__), sub) for sub in ("checks", "train" + os.sep + "loop.py"))
+_PKG = os.path.dirname(os.path.abspath(debug_nan.__file__))
+# frames that are the tool, not the user's code: the checks, and the driver that calls the user's code
+TOOL_FILES = tuple(os.path.join(_PKG, sub) for sub in ("checks", os.path.join("train", "loop.py"),
+                                                       os.path.join("train", "task.py"), "runner.py", "cli.py"))
+DRIVER_FILES = TOOL_FILES[1:]
+# torch's plumbing (wrappers, dispatch): never the line to show, even when no user frame exists
+TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
+                                                                  "overrides.py", "autograd", "_compile.py"))
 
 
 @dataclass
@@ -50,7 +56,8 @@ class OpEvent:
     func: object = None
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    node: object = None  # the running autograd node (backward only), with its saved forward tensors
+    node: object = None  # the running autograd node (backward only)
+    saved: dict[str, torch.Tensor] = field(default_factory=dict)  # its saved forward tensors (_saved_self, ...)
 
 
 def _has_nan(t: torch.Tensor) -> bool:
@@ -84,16 +91,19 @@ def _scalar_is_inf(scalars: dict[str, object]) -> bool:
 def user_frame() -> tuple[str | None, str | None]:
     """("file.py:57", code) of the innermost frame outside torch and the tool, else the innermost outside the tool."""
     frame = sys._getframe(1)
-    fallback = None
+    fallback = found = None
     while frame is not None:
         fname = frame.f_code.co_filename
+        if fname.startswith(DRIVER_FILES):
+            break  # called by the tool itself (e.g. the optimizer step): the innermost library frame it is
         if not fname.startswith(TOOL_FILES):
-            if fallback is None:
+            if fallback is None and not fname.startswith(TORCH_PLUMBING):
                 fallback = frame
             if not fname.startswith(TORCH_DIR):
+                found = frame
                 break
         frame = frame.f_back
-    frame = frame or fallback
+    frame = found or fallback
     if frame is None:
         return None, None
     import linecache
@@ -135,6 +145,20 @@ def forward_source_of(node) -> str | None:
         except IndexError:
             continue
     return None
+
+
+def _saved_tensors(node) -> dict[str, torch.Tensor]:
+    """The forward tensors an autograd node saved, read while it runs (they are freed after backward)."""
+    out = {}
+    for attr in dir(node):
+        if attr.startswith("_saved_") and not attr.endswith("_raw"):
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:
+                continue
+            if isinstance(value, torch.Tensor):
+                out[attr[len("_saved_"):]] = value.detach().clone()
+    return out
 
 
 class Tracer(TorchDispatchMode):
@@ -257,13 +281,15 @@ class Tracer(TorchDispatchMode):
         phase, module, node = self._context()
         source, code = user_frame()
         forward_source = None
+        saved = {}
         if node is not None:
             forward_source = forward_source_of(node)
             source, code = forward_source, None
+            saved = _saved_tensors(node)
         return OpEvent(
             op=str(func), phase=phase, module=module, module_type=self._module_type(module) if phase != "loss" else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
-            scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node, args=args, kwargs=kwargs,
+            scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node, args=args, kwargs=kwargs, saved=saved,
         )

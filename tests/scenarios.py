@@ -1,0 +1,256 @@
+"""Task plug-ins used by the scenario tests, one numerical failure each (and one healthy model).
+
+Run any of them from the CLI, e.g.
+    debug-nan --task tests/scenarios.py:masked_softmax --max-steps 3 --report r.json
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+D = 8
+
+
+def _mse(model, batch):
+    return F.mse_loss(model(batch["x"]), batch["y"])
+
+
+class MaskedAttention(nn.Module):
+    """Single-head attention with a key mask [B, L]; no guard against rows whose keys are all masked."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk = nn.Linear(D, 2 * D)
+
+    def forward(self, x, valid):
+        q, k = self.qk(x).chunk(2, dim=-1)
+        scores = (q @ k.transpose(1, 2)) / D ** 0.5
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1) @ x
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(D, D)
+        self.attn = MaskedAttention()
+        self.head = nn.Linear(D, 1)
+
+    def forward(self, x, valid):
+        return self.head(self.attn(self.embed(x), valid)).squeeze(-1)
+
+
+def _masked_batches(n=4, empty_at=(), seed=0):
+    """n batches of x [4, 6, D]; batch i has sample 2's keys all masked when i is in empty_at."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        valid = torch.ones(4, 6, dtype=torch.bool)
+        valid[:, 4:] = False  # ordinary padding: still some valid keys per row
+        if i in empty_at:
+            valid[2] = False
+        out.append({"x": torch.randn(4, 6, D, generator=g), "valid": valid, "y": torch.randn(4, 6, generator=g),
+                    "sample_ids": [f"s{i}_{j}" for j in range(4)]})
+    return out
+
+
+def _encoder_loss(model, batch):
+    pred = model(batch["x"], batch["valid"])
+    return ((pred - batch["y"]) ** 2 * batch["valid"]).sum() / batch["valid"].sum().clamp_min(1)
+
+
+def masked_softmax():
+    torch.manual_seed(0)
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(empty_at=(0,)), loss=_encoder_loss)
+
+
+def healthy_masks():
+    """-inf masks everywhere, but every row keeps a valid key: must come out clean."""
+    torch.manual_seed(0)
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(), loss=_encoder_loss)
+
+
+def accumulation():
+    """8 batches; only the 7th (step 2, micro-batch 3 under accumulation 4) has an all-masked sample."""
+    torch.manual_seed(0)
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=8, empty_at=(6,)), loss=_encoder_loss)
+
+
+def raises_on_nan():
+    """AAM-style loss that refuses NaN predictions with a ValueError."""
+    torch.manual_seed(0)
+
+    def loss(model, batch):
+        pred = model(batch["x"], batch["valid"])
+        if torch.isnan(pred).any():
+            raise ValueError(f"NaN values found in predictions with shape {tuple(pred.shape)}")
+        return _encoder_loss(model, batch)
+
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(empty_at=(1,)), loss=loss)
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def log_zero_loss():
+    """Hand-written NLL: -log(p[target]) where a probability underflows to exactly 0."""
+    torch.manual_seed(0)
+    model = Classifier()
+    with torch.no_grad():
+        model.net[2].weight.mul_(200.0)  # very confident logits: exp() of the losing classes underflows to 0
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(16, D, generator=g) * 10, "y": torch.randint(0, 3, (16,), generator=g)}
+               for _ in range(2)]
+
+    def loss(model, batch):
+        probs = torch.softmax(model(batch["x"]), dim=-1)
+        picked = probs.gather(1, batch["y"][:, None]).squeeze(1)
+        return -torch.log(picked).mean()
+
+    return SimpleNamespace(model=model, batches=batches, loss=loss)
+
+
+class Normalizer(nn.Module):
+    """Turns scores into weights by dividing by their sum: an all-zero row is 0 / 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(D, 1)
+
+    def forward(self, x, keep):
+        w = F.softplus(self.score(x)).squeeze(-1) * keep  # [B, L]
+        w = w / w.sum(dim=1, keepdim=True)
+        return (w.unsqueeze(-1) * x).sum(1)
+
+
+class Pool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = Normalizer()
+        self.head = nn.Linear(D, 1)
+
+    def forward(self, x, keep):
+        return self.head(self.norm(x, keep)).squeeze(-1)
+
+
+def div_by_zero_sum():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    keep = torch.ones(4, 5)
+    keep[3] = 0.0
+    batches = [{"x": torch.randn(4, 5, D, generator=g), "keep": keep, "y": torch.randn(4, generator=g)}]
+    return SimpleNamespace(model=Pool(), batches=batches,
+                           loss=lambda m, b: F.mse_loss(m(b["x"], b["keep"]), b["y"]))
+
+
+class Embedder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x):
+        z = self.proj(x)
+        d2 = ((z[:, None, :] - z[None, :, :]) ** 2).sum(-1)
+        return torch.sqrt(d2)  # [B, B]; zero on the diagonal
+
+
+def sqrt_distance():
+    """Pairwise distances with sqrt at 0 on the diagonal: forward finite, backward NaN."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    batches = [{"x": torch.randn(5, D, generator=g), "d": torch.rand(5, 5, generator=g)} for _ in range(2)]
+
+    def loss(model, batch):
+        pred = model(batch["x"])
+        off = 1.0 - torch.eye(pred.shape[0])
+        return (((pred - batch["d"]) ** 2) * off).sum() / off.sum()
+
+    return SimpleNamespace(model=Embedder(), batches=batches, loss=loss)
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(D, 64)
+        self.proj = nn.Linear(64, 64)
+        self.out = nn.Linear(64, 1)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.proj(torch.relu(self.inp(x))))).squeeze(-1)
+
+
+def fp16_overflow():
+    """Activations of ~1e3 times weights of ~10 over 64 inputs: beyond float16's 65504. Run with --precision fp16."""
+    torch.manual_seed(0)
+    model = Wide()
+    with torch.no_grad():
+        model.proj.weight.fill_(10.0)
+    g = torch.Generator().manual_seed(4)
+    batches = [{"x": torch.rand(8, D, generator=g) * 400, "y": torch.randn(8, generator=g)} for _ in range(2)]
+    return SimpleNamespace(model=model, batches=batches, loss=_mse)
+
+
+def nan_targets():
+    """The second batch's targets hold NaN (a missing value that preprocessing let through)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    batches = [{"x": torch.randn(6, D, generator=g), "y": torch.randn(6, generator=g),
+                "sample_ids": [f"b{i}s{j}" for j in range(6)]} for i in range(3)]
+    batches[1]["y"][4] = float("nan")
+    model = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, 1), nn.Flatten(0))
+    return SimpleNamespace(model=model, batches=batches, loss=_mse)
+
+
+class Deep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(D, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32),
+                                    nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.layers(x).squeeze(-1)
+
+
+def high_lr():
+    """A healthy MLP regression; run it with a learning rate far too high (e.g. --lr 3) and it explodes."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(6)
+    batches = [{"x": torch.randn(32, D, generator=g), "y": torch.randn(32, generator=g)} for _ in range(4)]
+    return SimpleNamespace(model=Deep(), batches=batches, loss=_mse)
+
+
+def adam_eps_zero():
+    """Adam with eps=0 and a parameter whose gradient is exactly 0: the update is 0/0 in the optimizer."""
+    torch.manual_seed(0)
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = nn.Linear(D, 1)
+            self.unused_scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            return self.main(x).squeeze(-1) + 0.0 * self.unused_scale
+
+    g = torch.Generator().manual_seed(7)
+    batches = [{"x": torch.randn(8, D, generator=g), "y": torch.randn(8, generator=g)} for _ in range(2)]
+    return SimpleNamespace(model=Gated(), batches=batches, loss=_mse,
+                           optimizer=lambda params: torch.optim.Adam(params, lr=1e-2, eps=0.0))
+
+
+def with_settings(settings):
+    """A factory may take the run's settings: the batch size comes from --batch-size."""
+    torch.manual_seed(settings.seed)
+    g = torch.Generator().manual_seed(8)
+    batches = [{"x": torch.randn(settings.batch_size, D, generator=g), "y": torch.randn(settings.batch_size,
+                                                                                       generator=g)}]
+    model = nn.Sequential(nn.Linear(D, 4), nn.Tanh(), nn.Linear(4, 1), nn.Flatten(0))
+    return {"model": model, "batches": batches, "loss": lambda m, b: {"loss": _mse(m, b), "mse": _mse(m, b)}}
