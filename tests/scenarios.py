@@ -188,11 +188,11 @@ class Wide(nn.Module):
 
 
 def fp16_overflow():
-    """Activations of ~1e3 times weights of ~10 over 64 inputs: beyond float16's 65504. Run with --precision fp16."""
+    """Activations of ~100 times weights of 30 summed over 64 inputs: beyond float16's 65504. Run with --precision fp16."""
     torch.manual_seed(0)
     model = Wide()
     with torch.no_grad():
-        model.proj.weight.fill_(10.0)
+        model.proj.weight.fill_(30.0)
     g = torch.Generator().manual_seed(4)
     batches = [{"x": torch.rand(8, D, generator=g) * 400, "y": torch.randn(8, generator=g)} for _ in range(2)]
     return SimpleNamespace(model=model, batches=batches, loss=_mse)
@@ -254,3 +254,26 @@ def with_settings(settings):
                                                                                        generator=g)}]
     model = nn.Sequential(nn.Linear(D, 4), nn.Tanh(), nn.Linear(4, 1), nn.Flatten(0))
     return {"model": model, "batches": batches, "loss": lambda m, b: {"loss": _mse(m, b), "mse": _mse(m, b)}}
+
+
+def hidden_by_where():
+    """log() of values that can be 0, 'hidden' by torch.where: the forward is finite, the -inf leaks into the
+    gradient as 0 * inf = NaN."""
+    torch.manual_seed(0)
+
+    class SafeLog(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x, keep):
+            h = self.lin(x) * keep  # exact zeros where keep is 0
+            return torch.where(keep > 0, torch.log(h.abs()), torch.zeros_like(h)).sum(-1)
+
+    g = torch.Generator().manual_seed(9)
+    keep = torch.ones(8, D)
+    keep[:, :2] = 0.0
+    batches = [{"x": torch.randn(8, D, generator=g), "keep": keep, "y": torch.randn(8, generator=g)}
+               for _ in range(2)]
+    return SimpleNamespace(model=SafeLog(), batches=batches,
+                           loss=lambda m, b: F.mse_loss(m(b["x"], b["keep"]), b["y"]))

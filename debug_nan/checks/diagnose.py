@@ -260,7 +260,8 @@ def _overflow_rule(event: OpEvent) -> tuple[str, str] | None:
     if event.func is not None and base_name(event.op) != "_to_copy":
         try:  # the same op in float64: how large the result really is
             up = lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
-            ref = event.func(*tree_map(up, event.args), **tree_map(up, event.kwargs))
+            with torch.no_grad():
+                ref = event.func(*tree_map(up, event.args), **tree_map(up, event.kwargs))
             ref = ref if isinstance(ref, torch.Tensor) else tree_flatten(ref)[0][0]
             reference = f"; recomputed in float64 the largest |result| is {float(ref.abs().max()):.4g}"
         except Exception:  # a courtesy only: some ops refuse float64 or mixed dtypes

@@ -122,6 +122,10 @@ class Pinpointer:
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None) -> Finding:
         cause, explanation, suggestions = diagnose(event, raw)
+        if check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
+            explanation += (" The value was hidden before any module output or the loss (e.g. by torch.where or "
+                            "nan_to_num), but it still leaked: only the gradients went non-finite, since backward "
+                            "multiplies it by 0 and 0 * inf = NaN.")
         module, module_type = event.module, event.module_type
         if event.phase == "optimizer":
             param, explanation = self._optimizer_explanation(event, explanation)

@@ -82,7 +82,10 @@ def write_summary(log, result, elapsed: float) -> None:
             log(line)
     else:
         f = result.finding
-        log(f"  status       NONFINITE: the first {f.kind.upper()} was born here (exit {code})", "red")
+        if f.cause == "gradient_explosion":
+            log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed (exit {code})", "red")
+        else:
+            log(f"  status       NONFINITE: the first {f.kind.upper()} was born here (exit {code})", "red")
         for line in finding_lines(f):
             log(line)
         if len(result.findings) > 1:

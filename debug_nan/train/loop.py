@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -127,7 +128,9 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step the fp16 scaler skipped still advances the schedule
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
 
     def watch_params(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.watch.named_params]
@@ -280,4 +283,7 @@ class Trainer:
             name, value = max(rec.activations.items(), key=lambda kv: kv[1])
             self.log(f"  [acts]  {len(rec.activations)} module outputs finite; largest |x| {value:.4g} in "
                      f"{name or '<model>'}")
-        self.log("  [ok] every module output, the loss and every gradient are finite", "green")
+        if rec.scaler_skipped:
+            self.log("  [ok] module outputs and loss finite; gradients overflowed the fp16 loss scale (step skipped)")
+        else:
+            self.log("  [ok] every module output, the loss and every gradient are finite", "green")
