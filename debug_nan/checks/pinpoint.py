@@ -70,7 +70,7 @@ class Pinpointer:
         exc = None
         try:
             inputs.snapshot.restore()
-            t.optimizer.zero_grad(set_to_none=True)
+            t.model.zero_grad(set_to_none=True)
             for i in range(micro - 1):
                 restore_rng(inputs.rng[i], t.device)
                 loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device))

@@ -58,7 +58,9 @@ def finding_lines(f: Finding) -> list[str]:
     if f.exception:
         lines += _wrap("exception", f.exception)
     if f.watch:
-        lines += _wrap("watch saw", f"{f.watch} (detected by {f.detected_by})")
+        how = "; the op-level replay found the origin above" if f.detected_by == "replay" else \
+            f" (detected by the {f.detected_by})"
+        lines += _wrap("watch saw", f"{f.watch}{how}")
     lines.append("  try:")
     for i, tip in enumerate(f.suggestions, 1):
         wrapped = textwrap.wrap(tip, width=92)
