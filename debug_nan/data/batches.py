@@ -4,6 +4,8 @@ A batch is a dict:
   tokens     int64   [B, A, 151]   A = token_limit ASV slots; unused slots are all-zero rows (padding)
   counts     float32 [B, A]        read counts of the kept ASVs (0 in padding slots)
   unifrac    float32 [B, B]        UniFrac sub-matrix in batch order
+  used_slots int64   [N]           flat indices (b * A + a) of the slots that hold an ASV, computed on the host
+                                   so the model can pack them without a device sync
   sample_ids list[str]             B sample IDs
 """
 
@@ -65,6 +67,7 @@ class Collator:
             "tokens": torch.from_numpy(tokens),
             "counts": torch.from_numpy(counts),
             "unifrac": torch.from_numpy(unifrac),
+            "used_slots": torch.from_numpy(row * a + slot),
             "sample_ids": [self.data.sample_ids[s] for s in sample_idx],
         }
 

@@ -57,13 +57,16 @@ class ASVEncoder(nn.Module):
         x = self.transformer(x, valid)
         return self.pooling(x, valid), self.nucleotide_head(x)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, used_slots: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """used_slots [N]: flat indices of the slots holding an ASV (from the collate); found here if absent,
+        at the cost of a device sync."""
         b, a, length = tokens.shape
         rows = tokens.reshape(b * a, length)
         if not self.cfg.guards:
             pooled, logits = self.encode_rows(rows)
             return pooled.view(b, a, -1), logits.view(b, a, length, VOCAB_SIZE)
-        used = rows.ne(PAD).any(dim=1).nonzero().squeeze(1)  # packed slots that hold an ASV [N]
+        used = used_slots if used_slots is not None else rows.ne(PAD).any(dim=1).nonzero().squeeze(1)
         packed = rows.index_select(0, used)
         chunk = self.cfg.asv_chunk_size
         if chunk and packed.shape[0] > chunk:
@@ -117,7 +120,7 @@ class UniFracHead(nn.Module):
 
 
 class AAMModel(nn.Module):
-    """tokens [B, A, L] -> {"unifrac": [B, B], "nucleotides": [B, A, L, 6], "sample": [B, D]}."""
+    """tokens [B, A, L] (+ used_slots [N]) -> {"unifrac": [B, B], "nucleotides": [B, A, L, 6], "sample": [B, D]}."""
 
     def __init__(self, cfg: AAMConfig):
         super().__init__()
@@ -126,8 +129,8 @@ class AAMModel(nn.Module):
         self.sample_encoder = SampleEncoder(cfg)
         self.unifrac_head = UniFracHead(cfg.d_model)
 
-    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        asv, nucleotides = self.asv_encoder(tokens)
+    def forward(self, tokens: torch.Tensor, used_slots: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        asv, nucleotides = self.asv_encoder(tokens, used_slots)
         slot_used = tokens.ne(PAD).any(dim=-1)
         sample = self.sample_encoder(asv, slot_used)
         return {"unifrac": self.unifrac_head(sample), "nucleotides": nucleotides, "sample": sample}

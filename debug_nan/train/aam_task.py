@@ -38,7 +38,7 @@ class EpochBatches:
 
 def aam_loss(model: torch.nn.Module, batch: dict, nuc_weight: float = 1.0, unifrac_weight: float = 1.0) -> dict:
     """UniFrac regression over the off-diagonal pairs + nucleotide cross-entropy over non-padding positions."""
-    out = model(batch["tokens"])
+    out = model(batch["tokens"], batch.get("used_slots"))
     pred, target = out["unifrac"].float(), batch["unifrac"]
     b = target.shape[0]
     off_diagonal = 1.0 - torch.eye(b, device=target.device)

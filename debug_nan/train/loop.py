@@ -10,12 +10,14 @@ for each optimizer step:
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from tqdm import tqdm
 
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer, StepInputs, TaskFailure
@@ -151,28 +153,14 @@ class Trainer:
         result = RunResult(status="clean", steps_run=0, history=self.history)
         stream = self.batch_stream()
         previous: StepInputs | None = None
+        # progress on stderr only when it is a terminal: under `2>&1 | tee` the log stays clean
+        bar = tqdm(total=s.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
+                   disable=not sys.stderr.isatty())
         try:
             for step in range(1, s.max_steps + 1):
-                started = time.perf_counter()
-                if self.device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(self.device)
-                snapshot = self.snapshots[step % 2]
-                snapshot.save(step)
-                inputs = StepInputs(step=step, batches=[next(stream) for _ in range(self.accum)], rng=[],
-                                    snapshot=snapshot)
-                rec = self.history.begin(step)
-                rec.lr = self.optimizer.param_groups[0]["lr"]
-                log()
-                log.rule(f"STEP {step}/{s.max_steps}" + (f" (micro-batches 1..{self.accum})" if self.accum > 1 else ""))
-                self.optimizer.zero_grad(set_to_none=True)
-                finding = None
-                for micro, raw in enumerate(inputs.batches, 1):
-                    finding = self.micro_step(inputs, micro, raw, rec, previous)
-                    if finding is not None:
-                        break
+                finding, inputs = self.train_step(step, [next(stream) for _ in range(self.accum)], previous)
                 result.steps_run = step
-                if finding is None:
-                    finding = self.check_explosion(rec)
+                bar.update(1)
                 if finding is not None:
                     result.findings.append(finding)
                     if not s.keep_going:
@@ -182,17 +170,10 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     previous = None
                     continue
-                self.clip_and_step(self.last_grad_norms)
-                self.watch.watch_params()
-                rec.seconds = time.perf_counter() - started
-                if self.device.type == "cuda":
-                    rec.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
-                self.log_step(rec)
                 previous = inputs
             else:
                 # the parameter check of the last step: one more sync
-                last = self.watch.sync()
-                bad = last.first_nonfinite()
+                bad = self.watch.sync().first_nonfinite()
                 if bad is not None and previous is not None:
                     result.findings.append(self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True))
         except KeyboardInterrupt:
@@ -200,12 +181,44 @@ class Trainer:
             log("Interrupted (Ctrl-C): writing the partial summary.", "yellow")
         except TaskFailure as failure:
             result.error = str(failure)
+        finally:
+            bar.close()
         result.finding = result.findings[0] if result.findings else None
         if result.finding is not None:
             result.status = "nonfinite"
         elif result.error is not None:
             result.status = "error"
         return result
+
+    def train_step(self, step: int, batches: list, previous: StepInputs | None
+                   ) -> tuple[Finding | None, StepInputs]:
+        """One optimizer step with every check: snapshot, micro-batches, explosion check, clip, step."""
+        started = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        snapshot = self.snapshots[step % 2]
+        snapshot.save(step)
+        inputs = StepInputs(step=step, batches=batches, rng=[], snapshot=snapshot)
+        rec = self.history.begin(step)
+        rec.lr = self.optimizer.param_groups[0]["lr"]
+        self.log()
+        self.log.rule(f"STEP {step}/{self.s.max_steps}" +
+                      (f" (micro-batches 1..{self.accum})" if self.accum > 1 else ""))
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro, raw in enumerate(batches, 1):
+            finding = self.micro_step(inputs, micro, raw, rec, previous)
+            if finding is not None:
+                return finding, inputs
+        finding = self.check_explosion(rec)
+        if finding is not None:
+            return finding, inputs
+        self.clip_and_step(self.last_grad_norms)
+        self.watch.watch_params()
+        rec.seconds = time.perf_counter() - started
+        if self.device.type == "cuda":
+            rec.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.log_step(rec)
+        return None, inputs
 
     def micro_step(self, inputs: StepInputs, micro: int, raw, rec: StepRecord,
                    previous: StepInputs | None) -> Finding | None:

@@ -54,3 +54,10 @@ def test_chunked_encoder_matches_and_backprops():
     torch.testing.assert_close(a["nucleotides"], b["nucleotides"], atol=1e-5, rtol=1e-4)
     b["unifrac"].sum().backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in chunked.parameters())
+
+
+def test_host_computed_slots_give_the_same_result():
+    tokens = _batch()
+    used = tokens.ne(0).any(-1).reshape(-1).nonzero().squeeze(1)
+    model = _model()
+    torch.testing.assert_close(model(tokens)["unifrac"], model(tokens, used)["unifrac"])
