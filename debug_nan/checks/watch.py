@@ -1,10 +1,11 @@
 """Tier 1, the watch: always on and cheap.
 
-Per micro-batch it records, ON THE DEVICE, one float per check: the max |x| of every floating batch tensor, of
-every module output (a forward hook), of the loss, the L2 norm of every gradient, and (after an optimizer step)
-the max |x| of every parameter and optimizer state tensor. A value is non-finite exactly when its tensor holds a
-NaN or Inf (max and norm propagate both), so the same number is both the finiteness flag and the history. All
-values are stacked and copied to the host once per micro-batch: one device sync, none per layer.
+Per micro-batch it records, ON THE DEVICE, one number per check: max |x| of every floating batch tensor and of
+every module output (a forward hook; from one `aminmax` reduction), the loss, the L2 norm of every gradient, and
+(after an optimizer step) max |x| of every parameter and optimizer state tensor. A value is non-finite exactly
+when its tensor holds a NaN or Inf (min/max and norms propagate both), so the same number is both the finiteness
+flag and the history. All values are stacked (one stack per dtype) and copied to the host once per micro-batch:
+one device sync, none per layer.
 """
 
 from __future__ import annotations
@@ -21,9 +22,20 @@ from debug_nan.checks.stats import flat_tensors, tensor_stats
 INF = float("inf")
 
 
-def max_abs(t: torch.Tensor) -> torch.Tensor:
-    """0-d float32 max |t| on t's device; NaN if t holds a NaN, inf if it holds an Inf (no host sync)."""
-    return torch.linalg.vector_norm(t.detach(), INF, dtype=torch.float32)
+def min_max(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-d (min, max) of t on its device, one reduction (aminmax: ~20x faster on CPU than an inf-norm); both NaN
+    if t holds a NaN. max |t| = max(-min, max) is formed on the host."""
+    t = t.detach()
+    if t.numel() == 0:
+        zero = t.new_zeros(())
+        return zero, zero
+    return torch.aminmax(t)
+
+
+def _combine(lo: float, hi: float) -> float:
+    if math.isnan(lo) or math.isnan(hi):
+        return math.nan
+    return max(-lo, hi)
 
 
 @dataclass
@@ -67,7 +79,7 @@ class Watch:
         self.enabled = True
         self.detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._values: list[torch.Tensor] = []
-        self._labels: list[tuple[str, str]] = []
+        self._labels: list[tuple[str, str, int]] = []  # (kind, name, number of values: 1, or 2 for min/max)
         self._layer_stats: dict[str, object] = {}
         self._handles = [m.register_forward_hook(self._on_output) for m in self.module_names]
 
@@ -76,9 +88,9 @@ class Watch:
             h.remove()
         self._handles = []
 
-    def _add(self, kind: str, name: str, value: torch.Tensor) -> None:
-        self._values.append(value)
-        self._labels.append((kind, name))
+    def _add(self, kind: str, name: str, *values: torch.Tensor) -> None:
+        self._values.extend(values)
+        self._labels.append((kind, name, len(values)))
 
     def _on_output(self, module: nn.Module, inputs, output) -> None:
         if not self.enabled:
@@ -86,7 +98,7 @@ class Watch:
         name = self.module_names[module]
         for _, t in flat_tensors(output):
             if t.is_floating_point():
-                self._add("forward", name, max_abs(t))
+                self._add("forward", name, *min_max(t))
                 if self.detailed:
                     self._layer_stats[f"{name or '<model>'} ({type(module).__name__})"] = tensor_stats(t)
                 break  # the first floating output stands for the module
@@ -94,12 +106,12 @@ class Watch:
     def watch_batch(self, batch) -> None:
         for path, t in flat_tensors(batch):
             if t.is_floating_point():
-                self._add("data", path, max_abs(t))
+                self._add("data", path, *min_max(t))
 
     def watch_loss(self, loss: torch.Tensor, parts: dict[str, torch.Tensor] | None = None) -> None:
-        self._add("loss", "", loss.detach().float().reshape(()))
+        self._add("loss", "", loss.detach().reshape(()))
         for name, value in (parts or {}).items():
-            self._add("loss_part", name, value.detach().float().reshape(()))
+            self._add("loss_part", name, value.detach().reshape(()))
 
     def watch_grads(self) -> list[torch.Tensor] | None:
         """L2 norm of every gradient, computed together (one fused kernel per device and dtype); returned too,
@@ -109,7 +121,7 @@ class Watch:
             return None
         norms = torch._foreach_norm([g.detach() for _, g in named])
         for (name, _), norm in zip(named, norms):
-            self._add("grad", name, norm.float())
+            self._add("grad", name, norm)
         return list(norms)
 
     def watch_params(self) -> None:
@@ -125,18 +137,34 @@ class Watch:
                     names.append(f"{name} (optimizer {key})")
         if tensors:
             for name, norm in zip(names, torch._foreach_norm(tensors, INF)):
-                self._add("param", name, norm.float())
+                self._add("param", name, norm)
 
     def sync(self) -> MicroResult:
         """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch."""
-        if self._values:
-            values = torch.stack([v.to(self._values[0].device) for v in self._values]).cpu().numpy()
-        else:
-            values = np.zeros(0, dtype=np.float32)
-        checks = [Check(kind, name, float(v)) for (kind, name), v in zip(self._labels, values)]
+        values = self._gather()
+        checks, i = [], 0
+        for kind, name, width in self._labels:
+            value = float(values[i]) if width == 1 else _combine(float(values[i]), float(values[i + 1]))
+            checks.append(Check(kind, name, value))
+            i += width
         result = MicroResult(checks, self._layer_stats)
         self._values, self._labels, self._layer_stats = [], [], {}
         return result
+
+    def _gather(self) -> np.ndarray:
+        """All recorded 0-d values as one float64 host array: one stack + cast per (device, dtype), one copy."""
+        if not self._values:
+            return np.zeros(0)
+        groups: dict[tuple, list[int]] = {}
+        for i, v in enumerate(self._values):
+            groups.setdefault((v.device, v.dtype), []).append(i)
+        first_device = self._values[0].device
+        parts = [torch.stack([self._values[i] for i in idx]).to(first_device, torch.float32)
+                 for idx in groups.values()]
+        flat = torch.cat(parts).cpu().numpy().astype(np.float64)  # the one host sync
+        out = np.empty(len(self._values))
+        out[np.concatenate([np.asarray(idx) for idx in groups.values()])] = flat
+        return out
 
     def discard(self) -> None:
         self._values, self._labels, self._layer_stats = [], [], {}
