@@ -64,6 +64,9 @@ RUN_OPTIONS = [
     _opt("--explosion-threshold", type=float, help="Gradient norm that counts as an explosion (with growth)."),
     _opt("--explosion-growth", type=float, help="...and growth over the smallest earlier norm."),
     _opt("--report", type=click.Path(dir_okay=False), help="Write the JSON report here."),
+    _opt("--bundle-dir", type=click.Path(file_okay=False), help="Where a finding writes its repro bundle "
+                                                                 "[default: the report's folder, else .]"),
+    _opt("--bundle/--no-bundle", help="Write a repro bundle on a finding. [default: bundle]"),
     _opt("--log", type=click.Path(dir_okay=False), help="Write a copy of the text log here."),
 ]
 
@@ -107,6 +110,18 @@ def main(ctx: click.Context, config, **flags):
     except InputError as exc:
         fail(str(exc))
     sys.exit(run_job(settings))
+
+
+@main.command("replay")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N [default: auto]")
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="A copy of the text log.")
+def replay(bundle, device, report, log_path):
+    """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
+    from debug_nan.runner import run_replay
+
+    sys.exit(run_replay(bundle, device, report, log_path))
 
 
 if __name__ == "__main__":  # pragma: no cover

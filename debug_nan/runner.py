@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -55,6 +56,8 @@ def run_job(s: RunSettings, stream=None) -> int:
 
             task = build_aam_task(s, log)
         trainer = Trainer(task, s, log, device)
+        if s.bundle:
+            trainer.bundle_dir = s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
         result = trainer.run()
     except InputError as exc:
         fail(str(exc), log)
@@ -68,3 +71,38 @@ def run_job(s: RunSettings, stream=None) -> int:
         log(f"JSON report written to {s.report}")
     log.close()
     return 130 if result.interrupted else EXIT_CODES[result.status]
+
+
+def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str | None) -> int:
+    """`debug-nan replay BUNDLE`: the same finding again, from the bundle alone (and the --task file)."""
+    from debug_nan.cli import fail
+    from debug_nan.report.bundle import replay_bundle, same_origin
+    from debug_nan.train.loop import RunResult
+
+    started = time.perf_counter()
+    log = None
+    try:
+        check_writable(report, "--report")
+        log = Log(log_path)
+        log.rule(f"debug-nan {debug_nan.__version__} replay {bundle}")
+        finding, data, trainer = replay_bundle(bundle, device_spec, log)
+    except InputError as exc:
+        fail(str(exc), log)
+    result = RunResult(status="nonfinite" if finding else "clean", steps_run=0, finding=finding,
+                       findings=[finding] if finding else [])
+    if finding is not None:
+        same = same_origin(data["finding"], finding)
+        result.notes.append("Same origin as recorded in the bundle." if same else
+                            f"The recorded origin was {data['finding']['module']} {data['finding']['op']} "
+                            f"({data['finding']['cause']}); the replay differs (non-determinism or another "
+                            f"device).")
+    else:
+        result.notes.append("The replay did not reproduce a non-finite value.")
+    elapsed = time.perf_counter() - started
+    write_summary(log, result, elapsed)
+    if report:
+        settings = RunSettings(**{**data["settings"], "device": device_spec})
+        write_report(report, {**report_dict(result, settings, trainer.device, elapsed), "replay_of": bundle})
+        log(f"JSON report written to {report}")
+    log.close()
+    return EXIT_CODES[result.status]

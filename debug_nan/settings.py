@@ -63,6 +63,7 @@ class RunSettings:
     log: str | None = None
     plot: str | None = None
     bundle_dir: str | None = None
+    bundle: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -98,6 +98,20 @@ class Pinpointer:
     # -- findings -----------------------------------------------------------------------------------------------
     def pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                  optimizer: bool = False) -> Finding:
+        finding = self._pinpoint(inputs, micro, check, error, optimizer)
+        bundle_dir = getattr(self.t, "bundle_dir", None)
+        if bundle_dir is not None:
+            from debug_nan.report.bundle import write_bundle
+
+            try:
+                finding.bundle = str(write_bundle(self.t, inputs, micro, finding, check, optimizer, bundle_dir))
+                self.t.log(f"  [bundle] repro bundle written: {finding.bundle} (debug-nan replay {finding.bundle})")
+            except OSError as exc:
+                self.t.log(f"  [bundle] could not write the repro bundle to {bundle_dir}: {exc}", "yellow")
+        return finding
+
+    def _pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
+                  optimizer: bool = False) -> Finding:
         t, log = self.t, self.t.log
         raw = inputs.batches[micro - 1]
         seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None

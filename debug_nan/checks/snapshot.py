@@ -88,12 +88,18 @@ class Snapshot:
             self.scheduler.load_state_dict(self._other_state["scheduler"])
 
     def state_dicts(self) -> dict:
-        """Model and optimizer state as of save(), for a repro bundle (restores, copies, then leaves it as is)."""
-        current_params = [p.detach().clone() for p in self._params]
-        current_opt = copy.deepcopy(self.optimizer.state_dict())
+        """Model, optimizer, scaler and scheduler state as of save(), on the CPU, for a repro bundle. It restores
+        the snapshot to read them, so call it when the live state is no longer needed (after a replay)."""
         self.restore()
-        out = {"model": copy.deepcopy(self.model.state_dict()), "optimizer": copy.deepcopy(self.optimizer.state_dict())}
-        with torch.no_grad():
-            torch._foreach_copy_([p.data for p in self._params], current_params)
-        self.optimizer.load_state_dict(current_opt)
-        return out
+
+        def cpu(obj):
+            if isinstance(obj, torch.Tensor):
+                return obj.detach().cpu().clone()
+            if isinstance(obj, dict):
+                return {k: cpu(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(cpu(v) for v in obj)
+            return copy.deepcopy(obj)
+
+        return {"model": cpu(self.model.state_dict()), "optimizer": cpu(self.optimizer.state_dict()),
+                "scaler": self._other_state["scaler"], "scheduler": self._other_state["scheduler"]}

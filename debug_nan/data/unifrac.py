@@ -2,13 +2,15 @@
 
 Two backends compute the same numbers: scikit-bio's pairwise implementation (`skbio`), and a vectorised one
 (`matrix`) that propagates counts up the tree with one sparse product and forms all pairs with one dense product.
-`scripts/bench_data.py` measures both; `auto` takes the matrix backend above 200 samples, where it is much faster.
+`scripts/bench_data.py` measures both; `auto` takes the matrix backend above 200 samples, where it was measured
+to be faster (see the README's performance table); below that, scikit-bio, the reference.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -69,30 +71,45 @@ def _tree_arrays(tree, asv_ids: list[str]) -> tuple[sp.csr_matrix, np.ndarray, n
     return ancestors, lengths, depths
 
 
-def unifrac_matrix(counts: sp.csr_matrix, asv_ids: list[str], tree, metric: str) -> np.ndarray:
-    """[S, S] distances, vectorised: node abundances = counts @ ancestors, then one product for all pairs."""
+def unifrac_matrix(counts: sp.csr_matrix, asv_ids: list[str], tree, metric: str, progress: bool = False,
+                   block_rows: int | None = None) -> np.ndarray:
+    """[S, S] distances, vectorised: node abundances = counts @ ancestors, then all pairs in row blocks (a dense
+    product for unweighted, a weighted L1 cdist for weighted), with a progress bar on a terminal."""
+    from scipy.spatial.distance import cdist
+    from tqdm import tqdm
+
     ancestors, lengths, depths = _tree_arrays(tree, asv_ids)
     node_counts = (counts @ ancestors).toarray()  # [S, n_nodes]
+    n = node_counts.shape[0]
+    dist = np.empty((n, n))
+    block = block_rows or max(1, min(n, 20_000_000 // max(node_counts.shape[1], 1)))
+    bar = tqdm(total=n, desc=f"UniFrac ({metric})", unit="sample", file=sys.stderr, leave=False,
+               disable=not (progress and sys.stderr.isatty()))
     if metric == "unweighted":
         present = (node_counts > 0).astype(np.float64)
         total = present @ lengths  # branch length under each sample [S]
-        shared = (present * lengths) @ present.T  # [S, S]
-        union = total[:, None] + total[None, :] - shared
-        with np.errstate(invalid="ignore", divide="ignore"):
-            dist = np.where(union > 0, (union - shared) / union, 0.0)
+        weighted_present = present * lengths
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            shared = weighted_present[lo:hi] @ present.T  # [rows, S]
+            union = total[lo:hi, None] + total[None, :] - shared
+            with np.errstate(invalid="ignore", divide="ignore"):
+                dist[lo:hi] = np.where(union > 0, (union - shared) / union, 0.0)
+            bar.update(hi - lo)
     else:
         totals = np.asarray(counts.sum(axis=1)).ravel()
         safe = np.where(totals > 0, totals, 1.0)
-        props = node_counts / safe[:, None]
-        from scipy.spatial.distance import cdist
-
         keep = lengths > 0
-        num = cdist(props[:, keep], props[:, keep], "minkowski", p=1, w=lengths[keep])
-        tip_props = counts.multiply(1.0 / safe[:, None]).tocsr()
-        depth_sum = tip_props @ depths  # [S]
-        denom = depth_sum[:, None] + depth_sum[None, :]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            dist = np.where(denom > 0, num / denom, 0.0)
+        props = node_counts[:, keep] / safe[:, None]
+        depth_sum = counts.multiply(1.0 / safe[:, None]).tocsr() @ depths  # [S]
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            num = cdist(props[lo:hi], props, "minkowski", p=1, w=lengths[keep])
+            denom = depth_sum[lo:hi, None] + depth_sum[None, :]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                dist[lo:hi] = np.where(denom > 0, num / denom, 0.0)
+            bar.update(hi - lo)
+    bar.close()
     np.fill_diagonal(dist, 0.0)
     return dist
 
@@ -109,8 +126,11 @@ def compute_unifrac(counts: sp.csr_matrix, asv_ids: list[str], sample_ids: list[
     if backend == "auto":
         backend = "matrix" if counts.shape[0] > 200 else "skbio"
     start = time.perf_counter()
-    fn = unifrac_matrix if backend == "matrix" else unifrac_skbio
-    dist = fn(counts, asv_ids, tree, metric)
+    if backend == "matrix":
+        dist = unifrac_matrix(counts, asv_ids, tree, metric, progress=True)
+    else:
+        log(f"Computing UniFrac ({metric}, scikit-bio) over {counts.shape[0]} samples...")
+        dist = unifrac_skbio(counts, asv_ids, tree, metric)
     seconds = time.perf_counter() - start
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

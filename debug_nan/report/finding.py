@@ -34,6 +34,7 @@ class Finding:
     watch: str | None = None  # what the cheap watch tier saw first
     exception: str | None = None
     detected_by: str = "replay"  # "replay" | "watch" | "data check" | "gradient history"
+    bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
 
     def __post_init__(self):
         assert self.cause in CAUSES, self.cause

@@ -81,21 +81,27 @@ def build_aam_task(s: RunSettings, log=print) -> Task:
     log(f"Token limit {s.token_limit}: {over} of {data.n_samples} samples hold more ASVs and are truncated "
         f"(--asv-order {s.asv_order}); {int((richness < s.token_limit).sum())} leave padding slots.")
     collate = Collator(data, distances, s.token_limit, s.asv_order, s.seed)
+    task = build_aam_model_task(s, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed))
+    n_params = sum(p.numel() for p in task.model.parameters())
+    log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
+        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}.")
+    return task
+
+
+def describe_aam_batch(batch) -> list[str]:
+    report = check_batch(batch)
+    return report.lines() + [f"WARNING: {p}" for p in report.problems]
+
+
+def build_aam_model_task(s: RunSettings, batches) -> Task:
+    """The built-in model and loss around any batches (a repro bundle's, for a replay without the data)."""
     cfg = AAMConfig(token_limit=s.token_limit, d_model=s.d_model, heads=s.heads, asv_layers=s.asv_layers,
                     sample_layers=s.sample_layers, encoder_layers=s.encoder_layers, ffn_mult=s.ffn_mult,
                     dropout=s.dropout, guards=s.guards, asv_chunk_size=s.asv_chunk_size)
     torch.manual_seed(s.seed)
-    model = AAMModel(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
-        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}.")
 
     def loss(model, batch):
         return aam_loss(model, batch, s.nuc_weight, s.unifrac_weight)
 
-    def describe(batch) -> list[str]:
-        report = check_batch(batch)
-        return report.lines() + [f"WARNING: {p}" for p in report.problems]
-
-    return Task(model=model, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed), loss=loss,
-                describe_batch=describe, name="aam (built-in)")
+    return Task(model=AAMModel(cfg), batches=batches, loss=loss, describe_batch=describe_aam_batch,
+                name="aam (built-in)")

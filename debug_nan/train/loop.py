@@ -100,6 +100,7 @@ class Trainer:
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
         self.pinpointer = Pinpointer(self)
         self.history = History()
+        self.bundle_dir: str | None = None  # where findings write repro bundles (None: no bundles)
 
     # -- the pieces of a step, shared by the run and the replay ---------------------------------------------
     def autocast(self):

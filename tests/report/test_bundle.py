@@ -1,0 +1,55 @@
+"""Repro bundles: a --no-guards run writes one; `debug-nan replay` reaches the same finding in a fresh process."""
+
+import json
+
+from tests.conftest import SCENARIOS, TINY, run_process
+
+
+def test_no_guards_bundle_replays_to_the_same_finding_in_a_fresh_process(run_cli, tmp_path):
+    run = run_cli("--config", TINY, "--device", "cpu", "--no-guards", "--max-steps", "2")
+    assert run.code == 1
+    bundle = run.first["bundle"]
+    assert bundle and bundle.endswith("debug-nan-bundle-step1-micro1.pt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()  # no data, no synthetic dataset: the bundle alone must do
+    proc = run_process("replay", bundle, "--device", "cpu", "--report", "replay.json", cwd=elsewhere)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    again = json.loads((elsewhere / "replay.json").read_text())["first_nonfinite"]
+    for key in ("step", "micro_step", "phase", "module", "op", "cause", "kind", "source"):
+        assert again[key] == run.first[key], key
+    assert "Same origin as recorded in the bundle." in proc.stdout
+
+
+def test_task_bundle_replays_through_the_task_reference(run_cli, tmp_path):
+    run = run_cli("--task", f"{SCENARIOS}:accumulation", "--gradient-accumulation-steps", "4", "--device", "cpu")
+    assert (run.first["step"], run.first["micro_step"]) == (2, 3)
+    from click.testing import CliRunner
+
+    from debug_nan.cli import main
+
+    out = CliRunner().invoke(main, ["replay", run.first["bundle"], "--report", str(tmp_path / "r.json")])
+    assert out.exit_code == 1, out.output
+    again = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
+    assert (again["step"], again["micro_step"], again["cause"]) == (2, 3, "all_masked_softmax")
+
+
+def test_optimizer_phase_bundle(run_cli, tmp_path):
+    run = run_cli("--task", f"{SCENARIOS}:adam_eps_zero", "--device", "cpu")
+    from click.testing import CliRunner
+
+    from debug_nan.cli import main
+
+    out = CliRunner().invoke(main, ["replay", run.first["bundle"], "--report", str(tmp_path / "r.json")])
+    again = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
+    assert out.exit_code == 1 and (again["phase"], again["cause"]) == ("optimizer", "nonfinite_parameter")
+
+
+def test_not_a_bundle_is_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from debug_nan.cli import main
+
+    junk = tmp_path / "junk.pt"
+    junk.write_text("nope")
+    out = CliRunner().invoke(main, ["replay", str(junk)])
+    assert out.exit_code == 2 and "is not a debug-nan repro bundle" in out.output
