@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,13 +26,24 @@ def header(log: Log, s: RunSettings, device: torch.device) -> None:
         f"lr {s.lr:g} | clip {s.max_grad_norm} | seed {s.seed}")
 
 
-def oom_message(exc: BaseException, s: RunSettings, device: torch.device) -> str:
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-    total = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 0.0
-    first = str(exc).splitlines()[0] if str(exc) else "out of memory"
-    return (f"CUDA ran out of memory ({first}); peak allocated {peak:.2f} GiB of {total:.1f} GiB. The ASV encoder "
-            f"holds [batch x token limit x 151] activations: lower --batch-size (now {s.batch_size}) or "
-            f"--token-limit (now {s.token_limit}), or bound the encoder with --asv-chunk-size 1024.")
+def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None) -> str:
+    """What failed (the allocation's size), the peak so far, and which option to lower."""
+    text = str(exc)
+    size = re.search(r"(?:Tried to allocate|you tried to allocate) ([\d.]+ ?\w+)", text)
+    failed = f"an allocation of {size.group(1)} failed" if size else (text.splitlines()[0] if text else "out of memory")
+    if device is not None and device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        where = f"CUDA ran out of memory on {device}: {failed}; peak allocated {peak:.2f} GiB of {total:.1f} GiB."
+    else:
+        where = f"The CPU ran out of memory: {failed}."
+    if s.task:
+        advice = "lower the batch size or sequence length your task uses"
+    else:
+        advice = (f"the ASV encoder holds [batch x token limit x 151 x d_model] activations: lower --batch-size "
+                  f"(now {s.batch_size}) or --token-limit (now {s.token_limit}), or bound the encoder with "
+                  f"--asv-chunk-size (now {s.asv_chunk_size or 'off'}, e.g. 512)")
+    return f"{where} To fit, {advice}."
 
 
 def run_job(s: RunSettings, stream=None) -> int:
@@ -61,8 +73,19 @@ def run_job(s: RunSettings, stream=None) -> int:
         result = trainer.run()
     except InputError as exc:
         fail(str(exc), log)
-    except torch.OutOfMemoryError as exc:
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        from debug_nan.train.loop import is_out_of_memory
+
+        if not is_out_of_memory(exc):
+            raise
         fail(oom_message(exc, s, device), log)
+    except KeyboardInterrupt:
+        from debug_nan.train.loop import RunResult
+
+        if log is None:
+            sys.exit(130)
+        log("Interrupted (Ctrl-C) before training started.", "yellow")
+        result = RunResult(status="clean", steps_run=0, interrupted=True)
     elapsed = time.perf_counter() - started
     write_summary(log, result, elapsed)
     data = report_dict(result, s, device, elapsed)

@@ -277,3 +277,32 @@ def hidden_by_where():
                for _ in range(2)]
     return SimpleNamespace(model=SafeLog(), batches=batches,
                            loss=lambda m, b: F.mse_loss(m(b["x"], b["keep"]), b["y"]))
+
+
+def not_a_task():
+    """Returns the wrong shape of object: the CLI must say what is missing (exit 2)."""
+    return SimpleNamespace(model="a string", batches=5, loss=None)
+
+
+def out_of_memory():
+    """A loss that fails the way CUDA does when a batch is too large."""
+
+    def loss(model, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                     "of 79.1 GiB of which 1.2 GiB is free.")
+
+    return SimpleNamespace(model=nn.Linear(D, 1), batches=[{"x": torch.randn(2, D)}], loss=loss)
+
+
+def interrupted_at_step_2():
+    """Ctrl-C during the second step."""
+    calls = []
+    model = nn.Linear(D, 1)
+
+    def loss(model, batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return model(batch["x"]).pow(2).mean()
+
+    return SimpleNamespace(model=model, batches=[{"x": torch.randn(2, D)}], loss=loss)

@@ -86,7 +86,7 @@ class Pinpointer:
                             t.scaler.unscale_(t.optimizer)
                         tracer.phase_override = "optimizer"
                         t.clip_and_step(None)
-                except (KeyboardInterrupt, MemoryError):
+                except (KeyboardInterrupt, MemoryError, torch.OutOfMemoryError):
                     raise
                 except Exception as e:  # the same exception as in the run, usually
                     exc = e

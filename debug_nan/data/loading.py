@@ -180,10 +180,10 @@ def rarefy(table, depth: int, seed: int, table_path: Path):
 def load_dataset(table_path: Path, tree_path: Path | None, fasta: str | None, rarefy_depth: int | None,
                  seed: int) -> Dataset:
     """BIOM + tree (+ FASTA) -> Dataset, with every cross-file check."""
+    table = load_biom(table_path)
     if tree_path is None:
         raise InputError(f"Found BIOM table {table_path} but no Newick tree (*.nwk, *.tre, *.tree, *.newick) "
                          f"beside it; UniFrac targets need one: pass --tree FILE.")
-    table = load_biom(table_path)
     notes = [f"Loaded BIOM table {table_path}: {table.shape[1]} samples x {table.shape[0]} ASVs."]
     if rarefy_depth:
         table, dropped = rarefy(table, rarefy_depth, seed, table_path)

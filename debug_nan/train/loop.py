@@ -54,6 +54,12 @@ def resolve_device(spec: str, log) -> torch.device:
     return device
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
 def split_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A task's loss output -> (scalar loss, other scalar entries)."""
     parts = {}
@@ -245,6 +251,8 @@ class Trainer:
         except (InputError, KeyboardInterrupt):
             raise
         except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
+            if is_out_of_memory(exc):
+                raise
             error = exc
         result = self.watch.sync()
         self.history.add_micro(rec, result, last)
