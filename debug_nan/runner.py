@@ -12,6 +12,7 @@ import torch
 
 import debug_nan
 from debug_nan.errors import InputError
+from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
 from debug_nan.report.log import Log
 from debug_nan.report.summary import EXIT_CODES, check_writable, report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
@@ -56,6 +57,8 @@ def run_job(s: RunSettings, stream=None) -> int:
     device = None
     try:
         check_writable(s.report, "--report")
+        check_writable(s.plot, "--plot")
+        check_plot_available(s.plot)
         log = Log(s.log, stream=stream)
         device = resolve_device(s.device, log)
         header(log, s, device)
@@ -87,6 +90,14 @@ def run_job(s: RunSettings, stream=None) -> int:
         log("Interrupted (Ctrl-C) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     elapsed = time.perf_counter() - started
+    if result.history.steps:
+        log()
+        log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
+        for line in history_lines(result.history, trainer.model):
+            log(line)
+        if s.plot:
+            plot_history(result.history, trainer.model, s.plot)
+            log(f"  heat map written to {s.plot}")
     write_summary(log, result, elapsed)
     data = report_dict(result, s, device, elapsed)
     if s.report:
