@@ -5,7 +5,7 @@ from tests.conftest import SCENARIOS
 
 
 def test_sparkline_log_scale_and_markers():
-    assert sparkline([1, 10, 100, 1000]) == "▁▃▅█"
+    assert sparkline([1, 10, 100, 1000]) == "▁▃▆█"
     assert sparkline([1.0, math.nan, None, 2.0]) == "▁! █"
     assert sparkline([5.0, 5.0]) == "▁▁"
 
