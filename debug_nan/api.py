@@ -60,7 +60,7 @@ class Monitor:
         self._previous: StepInputs | None = None
 
     # the hooks the pinpointer replays through (the same names the CLI's Trainer has)
-    def compute_loss(self, batch):
+    def compute_loss(self, batch, replay: bool = False):
         return split_loss(self.loss_fn(self.model, batch))
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import sys
@@ -22,9 +23,9 @@ def header(log: Log, s: RunSettings, device: torch.device) -> None:
     log.rule(f"debug-nan {debug_nan.__version__}")
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     log(f"  torch {torch.__version__} | python {platform.python_version()} | device {device}{gpu}")
+    data = "" if s.task else f" | batch {s.batch_size} | token limit {s.token_limit}"
     log(f"  task {s.task or 'built-in AAM pipeline'} | steps {s.max_steps} x {s.gradient_accumulation_steps} "
-        f"micro-batch(es) | batch {s.batch_size} | token limit {s.token_limit} | precision {s.precision} | "
-        f"lr {s.lr:g} | clip {s.max_grad_norm} | seed {s.seed}")
+        f"micro-batch(es){data} | precision {s.precision} | lr {s.lr:g} | clip {s.max_grad_norm} | seed {s.seed}")
 
 
 def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None) -> str:
@@ -52,16 +53,27 @@ def run_job(s: RunSettings, stream=None) -> int:
     from debug_nan.cli import fail
     from debug_nan.train.loop import Trainer, resolve_device
 
+    from debug_nan.train import distributed
+
     started = time.perf_counter()
     log = None
     device = None
+    ctx = distributed.detect()
+    main_rank = ctx is None or ctx.is_main
     try:
-        check_writable(s.report, "--report")
-        check_writable(s.plot, "--plot")
-        check_plot_available(s.plot)
-        log = Log(s.log, stream=stream)
-        device = resolve_device(s.device, log)
+        if main_rank:
+            check_writable(s.report, "--report")
+            check_writable(s.plot, "--plot")
+            check_plot_available(s.plot)
+            log = Log(s.log, stream=stream)
+        else:  # other ranks: a per-rank log beside the report (or in the current folder), nothing on stdout
+            folder = Path(s.report).parent if s.report else Path(".")
+            log = Log(str(folder / f"debug-nan-rank{ctx.rank}.log"), stream=open(os.devnull, "w"))
+        device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
         header(log, s, device)
+        if ctx:
+            log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), DistributedDataParallel, "
+                f"{'NCCL' if device.type == 'cuda' else 'gloo'}; rank 0 writes the log and the report")
         if s.task:
             from debug_nan.train.task import load_task
 
@@ -70,7 +82,7 @@ def run_job(s: RunSettings, stream=None) -> int:
             from debug_nan.train.aam_task import build_aam_task
 
             task = build_aam_task(s, log)
-        trainer = Trainer(task, s, log, device)
+        trainer = Trainer(task, s, log, device, ctx)
         if s.bundle:
             trainer.bundle_dir = s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
         result = trainer.run()
@@ -90,6 +102,12 @@ def run_job(s: RunSettings, stream=None) -> int:
         log("Interrupted (Ctrl-C) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     elapsed = time.perf_counter() - started
+    if ctx is not None:
+        distributed.shutdown()
+        if not main_rank:
+            write_summary(log, result, elapsed)
+            log.close()
+            return 130 if result.interrupted else EXIT_CODES[result.status]
     if result.history.steps:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")

@@ -306,3 +306,18 @@ def interrupted_at_step_2():
         return model(batch["x"]).pow(2).mean()
 
     return SimpleNamespace(model=model, batches=[{"x": torch.randn(2, D)}], loss=loss)
+
+
+def ddp_poisoned_rank1():
+    """For a 2-rank run: micro-batches are dealt out alternately, so batch 3 (with an all-masked sample) is
+    rank 1's second micro-batch; rank 0 never sees it."""
+    torch.manual_seed(0)
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=4, empty_at=(3,)), loss=_encoder_loss)
+
+
+def ddp_raises_on_rank1():
+    """2 ranks: rank 1's second micro-batch makes NaN and its loss raises (AAM style); rank 0 is healthy and
+    must not hang in the gradient all-reduce."""
+    base = raises_on_nan()
+    base.batches = _masked_batches(n=4, empty_at=(3,))
+    return base

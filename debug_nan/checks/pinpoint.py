@@ -73,13 +73,13 @@ class Pinpointer:
             t.model.zero_grad(set_to_none=True)
             for i in range(micro - 1):
                 restore_rng(inputs.rng[i], t.device)
-                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device))
+                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
                 t.backward(loss)
             restore_rng(inputs.rng[micro - 1], t.device)
             batch = move_to(inputs.batches[micro - 1], t.device)
             with Tracer(t.model) as tracer:
                 try:
-                    loss, _ = t.compute_loss(batch)
+                    loss, _ = t.compute_loss(batch, replay=True)
                     t.backward(loss)
                     if optimizer:
                         if t.scaler is not None:

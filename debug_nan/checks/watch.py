@@ -51,6 +51,7 @@ class MicroResult:
 
     checks: list[Check]
     layer_stats: dict[str, object] = field(default_factory=dict)  # filled only in trace-every-step mode
+    rank_codes: list[float] | None = None  # under DDP: every rank's earliest non-finite phase code (0 = clean)
 
     def first_nonfinite(self) -> Check | None:
         return next((c for c in self.checks if not math.isfinite(c.value)), None)
@@ -139,32 +140,48 @@ class Watch:
             for name, norm in zip(names, torch._foreach_norm(tensors, INF)):
                 self._add("param", name, norm)
 
-    def sync(self) -> MicroResult:
-        """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch."""
-        values = self._gather()
+    def sync(self, dist_ctx=None, raised: bool = False) -> MicroResult:
+        """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch. Under DDP the
+        ranks' phase codes are all-reduced on the device first and come back in the same copy."""
+        values, codes = self._gather(dist_ctx, raised)
         checks, i = [], 0
         for kind, name, width in self._labels:
             value = float(values[i]) if width == 1 else _combine(float(values[i]), float(values[i + 1]))
             checks.append(Check(kind, name, value))
             i += width
-        result = MicroResult(checks, self._layer_stats)
+        result = MicroResult(checks, self._layer_stats, codes)
         self._values, self._labels, self._layer_stats = [], [], {}
         return result
 
-    def _gather(self) -> np.ndarray:
-        """All recorded 0-d values as one float64 host array: one stack + cast per (device, dtype), one copy."""
-        if not self._values:
-            return np.zeros(0)
+    def _gather(self, dist_ctx=None, raised: bool = False) -> tuple[np.ndarray, list[float] | None]:
+        """All recorded 0-d values as one float64 host array (one stack + cast per (device, dtype), one copy),
+        and under DDP the all-reduced [world] phase codes riding in the same copy."""
+        device = self._values[0].device if self._values else next(self.model.parameters()).device
         groups: dict[tuple, list[int]] = {}
         for i, v in enumerate(self._values):
             groups.setdefault((v.device, v.dtype), []).append(i)
-        first_device = self._values[0].device
-        parts = [torch.stack([self._values[i] for i in idx]).to(first_device, torch.float32)
-                 for idx in groups.values()]
-        flat = torch.cat(parts).cpu().numpy().astype(np.float64)  # the one host sync
+        parts = [torch.stack([self._values[i] for i in idx]).to(device, torch.float32) for idx in groups.values()]
+        order = np.concatenate([np.asarray(idx, dtype=np.int64) for idx in groups.values()]) if groups else \
+            np.zeros(0, dtype=np.int64)
+        flat = torch.cat(parts) if parts else torch.zeros(0, device=device)
+        n = flat.numel()
+        if dist_ctx is not None:
+            from debug_nan.train.distributed import EXCEPTION_CODE, PHASE_CODE, agree
+
+            weights = np.zeros(len(self._values), dtype=np.float32)
+            i = 0
+            for kind, _, width in self._labels:
+                weights[i:i + width] = PHASE_CODE[kind]
+                i += width
+            w = torch.from_numpy(weights[order]).to(device, non_blocking=True)
+            local = (~torch.isfinite(flat)).float().mul(w).amax() if n else torch.zeros((), device=device)
+            if raised:
+                local = torch.clamp(local, min=float(EXCEPTION_CODE))
+            flat = torch.cat([flat, agree(local, dist_ctx)])
+        host = flat.cpu().numpy().astype(np.float64)  # the one host sync
         out = np.empty(len(self._values))
-        out[np.concatenate([np.asarray(idx) for idx in groups.values()])] = flat
-        return out
+        out[order] = host[:n]
+        return out, (host[n:].tolist() if dist_ctx is not None else None)
 
     def discard(self) -> None:
         self._values, self._labels, self._layer_stats = [], [], {}

@@ -34,6 +34,8 @@ class Finding:
     watch: str | None = None  # what the cheap watch tier saw first
     exception: str | None = None
     detected_by: str = "replay"  # "replay" | "watch" | "data check" | "gradient history"
+    rank: int | None = None  # under torchrun: the rank that pinpointed (the first to see it)
+    first_ranks: list[int] | None = None  # every rank that saw it in the earliest phase
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
 
     def __post_init__(self):

@@ -37,7 +37,9 @@ def _stats_line(stats: dict) -> str:
 
 def finding_lines(f: Finding) -> list[str]:
     lines = []
-    lines += _wrap("where", f"step {f.step}, micro-batch {f.micro_step}, phase {f.phase}")
+    lines += _wrap("where", f"step {f.step}, micro-batch {f.micro_step}, phase {f.phase}"
+                   + (f", rank {f.rank} (first to see it: rank(s) {', '.join(map(str, f.first_ranks))})"
+                      if f.rank is not None else ""))
     if f.phase not in ("data", "loss"):
         lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
     elif f.phase == "loss":

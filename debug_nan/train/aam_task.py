@@ -19,20 +19,27 @@ from debug_nan.data.unifrac import compute_unifrac
 from debug_nan.errors import InputError
 from debug_nan.model.aam import AAMConfig, AAMModel
 from debug_nan.settings import RunSettings
+from debug_nan.train import distributed
 from debug_nan.train.task import Task
 
 
 class EpochBatches:
-    """Iterable of collated batches: each iteration is one epoch in a new seeded order (last partial dropped)."""
+    """Iterable of collated batches: each iteration is one epoch in a new seeded order (last partial dropped).
 
-    def __init__(self, collate: Collator, n_samples: int, batch_size: int, seed: int):
+    Under torchrun it is a distributed sampler: the epoch's order is the same on every rank and rank r takes
+    samples r, r + world, r + 2 world, ... of it."""
+
+    sharded = True
+
+    def __init__(self, collate: Collator, n_samples: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
         self.collate, self.n_samples, self.batch_size, self.seed = collate, n_samples, batch_size, seed
+        self.rank, self.world = rank, world
         self.epoch = 0
 
     def __iter__(self):
-        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n_samples)
+        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n_samples)[self.rank::self.world]
         self.epoch += 1
-        for start in range(0, self.n_samples - self.batch_size + 1, self.batch_size):
+        for start in range(0, order.size - self.batch_size + 1, self.batch_size):
             yield self.collate(order[start:start + self.batch_size])
 
 
@@ -81,7 +88,12 @@ def build_aam_task(s: RunSettings, log=print) -> Task:
     log(f"Token limit {s.token_limit}: {over} of {data.n_samples} samples hold more ASVs and are truncated "
         f"(--asv-order {s.asv_order}); {int((richness < s.token_limit).sum())} leave padding slots.")
     collate = Collator(data, distances, s.token_limit, s.asv_order, s.seed)
-    task = build_aam_model_task(s, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed))
+    ctx = distributed.detect()
+    rank, world = (ctx.rank, ctx.world) if ctx else (0, 1)
+    if s.batch_size * world > data.n_samples:
+        raise InputError(f"--batch-size {s.batch_size} x {world} ranks needs {s.batch_size * world} samples; "
+                         f"{data.source} has {data.n_samples}.")
+    task = build_aam_model_task(s, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed, rank, world))
     n_params = sum(p.numel() for p in task.model.parameters())
     log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
         f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}.")

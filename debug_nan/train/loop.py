@@ -27,6 +27,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.report.finding import Finding
 from debug_nan.settings import RunSettings
+from debug_nan.train.distributed import DistContext
 from debug_nan.train.task import Task
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -87,11 +88,19 @@ class RunResult:
 
 
 class Trainer:
-    def __init__(self, task: Task, settings: RunSettings, log, device: torch.device | None = None):
-        self.task, self.s, self.log = task, settings, log
+    def __init__(self, task: Task, settings: RunSettings, log, device: torch.device | None = None,
+                 dist_ctx: DistContext | None = None):
+        self.task, self.s, self.log, self.dist = task, settings, log, dist_ctx
         self.device = device or resolve_device(settings.device, log)
         torch.manual_seed(settings.seed)
-        self.model = task.model.to(self.device)
+        self.model = task.model.to(self.device)  # the checks, snapshots and replays work on the bare module
+        self.wrapped = self.model  # what the training step calls: DDP under torchrun
+        if dist_ctx is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.wrapped = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = (task.optimizer(params) if task.optimizer is not None
                           else torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay))
@@ -114,10 +123,11 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def compute_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, batch, replay: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The task's loss (in autocast). A replay calls the bare module: no DDP collectives, one rank alone."""
         self.model.train()
         with self.autocast():
-            out = self.task.loss(self.model, batch)
+            out = self.task.loss(self.model if replay else self.wrapped, batch)
         return split_loss(out)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -146,12 +156,15 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def batch_stream(self):
-        """Micro-batches forever, re-iterating task.batches; an empty iterable is a task error."""
+        """Micro-batches forever, re-iterating task.batches; an empty iterable is a task error. Under DDP each rank
+        takes every world-th micro-batch (unless the task shards itself, like the built-in one)."""
+        shard = self.dist is not None and not getattr(self.task.batches, "sharded", False)
         while True:
             produced = False
-            for batch in self.task.batches:
+            for i, batch in enumerate(self.task.batches):
                 produced = True
-                yield batch
+                if not shard or i % self.dist.world == self.dist.rank:
+                    yield batch
             if not produced:
                 raise InputError(f"The task's `batches` ({self.task.name}) yielded no micro-batch.")
 
@@ -240,11 +253,14 @@ class Trainer:
                     "yellow" if line.startswith("WARNING") else None)
         error = None
         self.last_grad_norms = None
+        # under DDP, gradients are all-reduced on the last micro-batch of a step only
+        no_sync = self.wrapped.no_sync() if self.dist is not None and not last else nullcontext()
         try:
-            self.watch.watch_batch(batch)
-            loss, parts = self.compute_loss(batch)
-            self.watch.watch_loss(loss, parts)
-            self.backward(loss)
+            with no_sync:
+                self.watch.watch_batch(batch)
+                loss, parts = self.compute_loss(batch)
+                self.watch.watch_loss(loss, parts)
+                self.backward(loss)
             if last and self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             self.last_grad_norms = self.watch.watch_grads()
@@ -254,7 +270,9 @@ class Trainer:
             if is_out_of_memory(exc):
                 raise
             error = exc
-        result = self.watch.sync()
+            if self.dist is not None and last:
+                self.join_gradient_allreduce()
+        result = self.watch.sync(self.dist, raised=error is not None)
         self.history.add_micro(rec, result, last)
         if last and rec.loss is not None:
             rec.loss /= self.accum
@@ -264,19 +282,66 @@ class Trainer:
             for name, stats in result.layer_stats.items():
                 log(f"    {name}: {stats.line()}")
         bad = result.first_nonfinite()
-        if bad is not None and bad.kind == "param":
-            if previous is None:
-                return None
-            return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True)
-        if bad is not None and bad.kind == "grad" and self.scaler is not None and error is None:
-            scale = self.scaler.get_scale()
-            if scale >= 1.0:  # an fp16 loss-scale overflow: expected, the scaler skips the step
-                rec.scaler_skipped = True
-                log(f"  [fp16] gradient scaler overflow at scale {scale:g}: step skipped, scale lowered (expected).")
-                return None
+        if self.dist is not None:
+            return self.decide_across_ranks(result, bad, error, inputs, micro, rec, previous)
         if bad is None and error is None:
             return None
+        if self.scaler_overflow(bad.kind if bad is not None and error is None else None, rec):
+            return None
+        return self.pinpoint_trip(bad, error, inputs, micro, previous)
+
+    def pinpoint_trip(self, bad, error, inputs: StepInputs, micro: int, previous: StepInputs | None
+                      ) -> Finding | None:
+        if bad is not None and bad.kind == "param":  # the previous step's optimizer update
+            return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True) if previous else None
         return self.pinpointer.pinpoint(inputs, micro, bad, error)
+
+    def scaler_overflow(self, kind: str | None, rec: StepRecord) -> bool:
+        """fp16 loss-scale overflow (only the gradients non-finite, scale still >= 1): expected, step skipped."""
+        if kind != "grad" or self.scaler is None:
+            return False
+        scale = self.scaler.get_scale()
+        if scale < 1.0:
+            return False
+        rec.scaler_skipped = True
+        self.log(f"  [fp16] gradient scaler overflow at scale {scale:g}: step skipped, scale lowered (expected).")
+        return True
+
+    def decide_across_ranks(self, result, bad, error, inputs: StepInputs, micro: int, rec: StepRecord,
+                            previous: StepInputs | None) -> Finding | None:
+        """Every rank takes the same decision from the all-reduced codes; the first rank pinpoints, all learn."""
+        from debug_nan.train.distributed import CODE_PHASE, PHASE_CODE, broadcast
+
+        codes = result.rank_codes
+        top = max(codes)
+        if top == 0:
+            return None
+        first = [r for r, c in enumerate(codes) if c == top]
+        if self.scaler_overflow("grad" if top == PHASE_CODE["grad"] else None, rec):
+            return None
+        src = first[0]
+        self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
+                 f"rank {src} pinpoints, the others wait.", "red")
+        outcome = None
+        if self.dist.rank == src:
+            try:
+                outcome = self.pinpoint_trip(bad, error, inputs, micro, previous)
+            except TaskFailure as failure:
+                outcome = failure
+        outcome = broadcast(outcome, src)
+        if isinstance(outcome, TaskFailure):
+            raise outcome
+        if outcome is not None:
+            outcome.rank, outcome.first_ranks = src, first
+        return outcome
+
+    def join_gradient_allreduce(self) -> None:
+        """A rank whose user code raised still joins DDP's gradient all-reduce (with zero gradients), so the
+        other ranks do not hang in backward until the NCCL/gloo timeout."""
+        try:
+            sum((p * 0).sum() for p in self.model.parameters() if p.requires_grad).backward()
+        except RuntimeError:
+            pass
 
     def check_explosion(self, rec: StepRecord) -> Finding | None:
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)

@@ -1,0 +1,81 @@
+"""torchrun / DistributedDataParallel support.
+
+Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK in the environment) the run initialises the process group (NCCL on
+CUDA, gloo on CPU), wraps the model in DDP, shards the micro-batches across ranks and seeds per rank. Every
+micro-batch the ranks agree on a trip with ONE all-reduce (MAX) of a [world] vector of phase codes computed on
+the device, folded into the watch's single host sync: every rank stops at the same point, and all know which
+rank(s) saw the non-finite value first (the earliest phase wins). That rank replays and pinpoints without
+collectives; the finding is broadcast, and rank 0 writes the log and the report.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from debug_nan.errors import InputError
+
+# how early a check runs in a micro-batch: a higher code was seen earlier (0 = nothing seen)
+PHASE_CODE = {"param": 6, "data": 5, "forward": 4, "loss": 3, "loss_part": 3, "grad": 1}
+EXCEPTION_CODE = 2  # user code raised (between the loss and the gradients, as far as ordering goes)
+CODE_PHASE = {6: "optimizer", 5: "data", 4: "forward", 3: "loss", 2: "exception", 1: "backward"}
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def detect() -> DistContext | None:
+    """The torchrun environment, or None for a single process."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise InputError("RANK / WORLD_SIZE / LOCAL_RANK must be integers (set by torchrun).") from None
+    return DistContext(rank, world, local) if world > 1 else None
+
+
+def init(ctx: DistContext, device_spec: str, timeout_s: float = 300.0) -> torch.device:
+    """Initialise the process group and return this rank's device."""
+    use_cuda = device_spec != "cpu" and torch.cuda.is_available()
+    if device_spec.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device_spec}: this machine has no usable CUDA device.")
+    device = torch.device("cuda", ctx.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s),
+                                **({"device_id": device} if use_cuda else {}))
+    return device
+
+
+def agree(local_code: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """[world] codes, each rank's own slot filled, MAX-reduced: everyone learns every rank's code."""
+    codes = torch.zeros(ctx.world, device=local_code.device, dtype=torch.float32)
+    codes[ctx.rank] = local_code
+    dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+    return codes
+
+
+def broadcast(obj, src: int):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,65 @@
+"""torchrun with 2 CPU processes (gloo): a poison on rank 1 only stops both ranks promptly, at the same point."""
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+
+from tests.conftest import SCENARIOS, TINY
+
+
+def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedProcess, float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={port}", "--master_addr=127.0.0.1", "-m", "debug_nan", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return proc, time.perf_counter() - start
+
+
+def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_poisoned_rank1", "--device", "cpu", "--max-steps", "4",
+                             "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert seconds < 90  # no collective timeout: both ranks stopped at the same micro-batch
+    exit_codes = dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", proc.stderr))
+    assert exit_codes == {"0": "1", "1": "1"}, proc.stderr  # both processes exited 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    f = report["first_nonfinite"]
+    assert (f["rank"], f["first_ranks"], f["step"], f["micro_step"]) == (1, [1], 2, 1)
+    assert (f["phase"], f["module"], f["cause"]) == ("forward", "attn", "all_masked_softmax")
+    assert report["steps_run"] == 2
+    assert "rank 1 (first to see it: rank(s) 1)" in proc.stdout
+    rank1 = (tmp_path / "debug-nan-rank1.log").read_text()
+    assert "cause        all_masked_softmax" in rank1
+    assert (tmp_path / "debug-nan-bundle-step2-micro1.pt").is_file()  # written by the pinpointing rank
+
+
+def test_clean_two_process_run_exits_0(tmp_path):
+    proc, _ = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "3",
+                       "--gradient-accumulation-steps", "2", "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "clean" and report["steps_run"] == 3
+
+
+def test_builtin_pipeline_under_torchrun_shards_samples(tmp_path):
+    proc, _ = torchrun("--config", TINY, "--device", "cpu", "--max-steps", "2", "--gradient-accumulation-steps",
+                       "2", "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 of 2" in proc.stdout
+    rank1 = (tmp_path / "debug-nan-rank1.log").read_text()
+    assert "rank 1 of 2" in rank1 and "CLEAN" in rank1
+
+
+def test_loss_raising_on_one_rank_does_not_hang_the_other(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_raises_on_rank1", "--device", "cpu", "--max-steps", "4",
+                             "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    f = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
+    assert (f["rank"], f["step"], f["cause"]) == (1, 2, "all_masked_softmax")
+    assert f["exception"].startswith("ValueError: NaN values found")
