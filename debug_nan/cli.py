@@ -6,7 +6,6 @@ Exit codes: 0 clean, 1 non-finite found (or the task's code failed), 2 bad usage
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 

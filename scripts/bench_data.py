@@ -99,8 +99,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     picks = [rng.choice(data.n_samples, d.batch_size, replace=False) for _ in range(20)]
     collate_s = timed(lambda: [collate(p) for p in picks], 2) / len(picks)
-    cfg = AAMConfig(token_limit=d.token_limit, d_model=d.d_model, heads=d.heads, asv_layers=d.asv_layers,
-                    sample_layers=d.sample_layers, encoder_layers=d.encoder_layers, dropout=d.dropout)
+    cfg = AAMConfig.from_settings(d)
     model = AAMModel(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in collate(picks[0]).items()}

@@ -2,9 +2,7 @@
 a changed input file."""
 
 import hashlib
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from debug_nan.data.writing import write_biom, write_tree

@@ -9,9 +9,7 @@ optimizer step. The tracer's first origin is diagnosed (tier 3).
 from __future__ import annotations
 
 import math
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -20,6 +18,7 @@ from debug_nan.checks.snapshot import Snapshot, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to, tensor_stats
 from debug_nan.checks.tracer import OpEvent, Tracer
 from debug_nan.checks.watch import Check
+from debug_nan.errors import describe_exception
 from debug_nan.report.finding import Finding
 
 PHASE_OF_CHECK = {"data": "data", "forward": "forward", "loss": "loss", "loss_part": "loss", "grad": "backward",
@@ -39,13 +38,6 @@ class StepInputs:
     batches: list
     rng: list = field(default_factory=list)
     snapshot: Snapshot | None = None
-
-
-def _exception_text(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if "/torch/" not in f.filename and "debug_nan/train/loop.py" not in f.filename]
-    where = f" (at {Path(user[-1].filename).name}:{user[-1].lineno})" if user else ""
-    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _stats_dict(named: list[tuple[str, torch.Tensor]], limit: int = 6) -> dict[str, dict]:
@@ -112,10 +104,10 @@ class Pinpointer:
 
     def _pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                   optimizer: bool = False) -> Finding:
-        t, log = self.t, self.t.log
+        log = self.t.log
         raw = inputs.batches[micro - 1]
         seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
-                else f"user code raised {_exception_text(error)}")
+                else f"user code raised {describe_exception(error)}")
         log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {seen}", "red")
         if check is not None and check.kind == "data":
             return self.data_finding(inputs, micro, check)
@@ -127,7 +119,7 @@ class Pinpointer:
         log(f"  [pinpoint] {tracer.ops_seen} ops traced.")
         if event is None:
             if error is not None:
-                raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {_exception_text(error)}. The replay "
+                raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
                                   f"found no NaN/Inf before it, so this is an error in the task's code, not a "
                                   f"numerical one.")
             return self.watch_only_finding(inputs, micro, check)
@@ -152,7 +144,7 @@ class Pinpointer:
             forward_source=event.forward_source, sample_ids=_sample_ids(raw),
             inputs=_stats_dict(event.inputs), outputs=_stats_dict(event.outputs),
             watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
-            exception=_exception_text(error) if error is not None else None,
+            exception=describe_exception(error) if error is not None else None,
         )
 
     def _optimizer_explanation(self, event: OpEvent, evidence: str) -> tuple[str | None, str]:

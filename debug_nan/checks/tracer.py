@@ -118,8 +118,10 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(debug_nan.__fil
 def _short(path: str) -> str:
     """debug_nan/... for the tool's own files, a path relative to the working directory when inside it, else
     the last two components."""
-    if path.startswith(PACKAGE_PARENT + os.sep):
+    if path.startswith(PACKAGE_PARENT + os.sep) and "site-packages" not in os.path.relpath(path, PACKAGE_PARENT):
         return os.path.relpath(path, PACKAGE_PARENT)
+    if "site-packages" + os.sep in path:  # an installed library: torch/optim/adam.py
+        return path.split("site-packages" + os.sep, 1)[1]
     try:
         rel = os.path.relpath(path)
         if not rel.startswith(".."):

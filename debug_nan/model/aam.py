@@ -7,7 +7,7 @@ Shapes: B samples, A = token_limit ASV slots, L = 151 token positions, D = d_mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -29,6 +29,11 @@ class AAMConfig:
     dropout: float = 0.1
     guards: bool = True
     asv_chunk_size: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings) -> "AAMConfig":
+        """The model's fields, read by name from RunSettings (the CLI / TOML job config)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 class ASVEncoder(nn.Module):

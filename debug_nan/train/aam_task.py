@@ -107,9 +107,7 @@ def describe_aam_batch(batch) -> list[str]:
 
 def build_aam_model_task(s: RunSettings, batches) -> Task:
     """The built-in model and loss around any batches (a repro bundle's, for a replay without the data)."""
-    cfg = AAMConfig(token_limit=s.token_limit, d_model=s.d_model, heads=s.heads, asv_layers=s.asv_layers,
-                    sample_layers=s.sample_layers, encoder_layers=s.encoder_layers, ffn_mult=s.ffn_mult,
-                    dropout=s.dropout, guards=s.guards, asv_chunk_size=s.asv_chunk_size)
+    cfg = AAMConfig.from_settings(s)
     torch.manual_seed(s.seed)
 
     def loss(model, batch):

@@ -14,14 +14,13 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_exception
 
 
 @dataclass
@@ -61,9 +60,7 @@ def _import_target(spec: str):
     except InputError:
         raise
     except Exception as exc:
-        tb = traceback.extract_tb(exc.__traceback__)
-        at = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        raise InputError(f"--task {spec}: importing {where} failed with {type(exc).__name__}: {exc}{at}.") from None
+        raise InputError(f"--task {spec}: importing {where} failed with {describe_exception(exc)}.") from None
     if not hasattr(module, name):
         raise InputError(f"--task {spec}: {where} has no attribute {name!r}.")
     return getattr(module, name)
@@ -105,7 +102,5 @@ def load_task(spec: str, settings) -> Task:
     except InputError:
         raise
     except Exception as exc:
-        tb = traceback.extract_tb(exc.__traceback__)
-        at = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        raise InputError(f"--task {spec}: calling it raised {type(exc).__name__}: {exc}{at}.") from None
+        raise InputError(f"--task {spec}: calling it raised {describe_exception(exc)}.") from None
     return _check(obj, spec)

@@ -105,7 +105,7 @@ def test_optimizer_that_divides_by_zero(run_cli):
     f = run_cli(*task("adam_eps_zero")).first
     assert (f["step"], f["phase"], f["cause"]) == (1, "optimizer", "nonfinite_parameter")
     assert f["op"] == "aten.addcdiv_.default" and "`unused_scale`" in f["explanation"]
-    assert f["source"].startswith("optim/adam.py:")
+    assert f["source"].startswith("torch/optim/adam.py:")
 
 
 def test_factory_with_settings_and_dict_loss(run_cli):
