@@ -32,7 +32,7 @@ from debug_nan.data.tokens import tokenize  # noqa: E402
 from debug_nan.data.unifrac import unifrac_matrix, unifrac_skbio  # noqa: E402
 from debug_nan.model.aam import AAMConfig, AAMModel  # noqa: E402
 from debug_nan.report.log import Log  # noqa: E402
-from debug_nan.settings import RunSettings  # noqa: E402
+from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.train.aam_task import aam_loss  # noqa: E402
 from debug_nan.train.loop import resolve_device  # noqa: E402
 
@@ -79,11 +79,12 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--asvs", type=int, default=5000)
+    ap.add_argument("--config", default=None, help="model/collate settings [default: the CLI defaults, AAM size]")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
     device = resolve_device(args.device, Log(stream=io.StringIO()))
     out: dict = {"device": str(device), "torch": torch.__version__}
-    d = RunSettings()
+    d = build_settings(args.config, {})
 
     # 1. tokenisation
     data = synthesize(48, d.token_limit, seed=0)
@@ -135,7 +136,7 @@ def main() -> None:
 
     # 4. activation memory with --asv-chunk-size
     rows = {}
-    for chunk in (None, 256, 64):
+    for chunk in (None, 256, 64) if d.token_limit >= 256 else (None, 16, 4):
         torch.manual_seed(0)
         m = AAMModel(AAMConfig(**{**cfg.__dict__, "asv_chunk_size": chunk, "dropout": 0.0})).to(device)
         if device.type == "cuda":

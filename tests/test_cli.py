@@ -87,3 +87,10 @@ def test_auto_device_notice_on_cpu(run_cli):
     assert run.code == 0
     if not torch.cuda.is_available():
         assert "NOTICE: no CUDA device is available; running on the CPU" in run.output
+
+
+def test_mixed_precision_runs_are_clean(run_cli):
+    for precision in ("bf16", "fp16"):
+        run = run_cli("--config", TINY, "--max-steps", "2", "--device", "cpu", "--precision", precision)
+        assert run.code == 0, run.output
+        assert run.report["settings"]["precision"] == precision and run.report["status"] == "clean"
