@@ -16,7 +16,7 @@ import torch
 from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows, diagnose
 from debug_nan.checks.snapshot import Snapshot, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to, tensor_stats
-from debug_nan.checks.tracer import OpEvent, Tracer
+from debug_nan.checks.tracer import OpEvent, StopReplay, Tracer
 from debug_nan.checks.watch import Check
 from debug_nan.errors import describe_exception
 from debug_nan.report.finding import Finding
@@ -69,7 +69,7 @@ class Pinpointer:
                 t.backward(loss)
             restore_rng(inputs.rng[micro - 1], t.device)
             batch = move_to(inputs.batches[micro - 1], t.device)
-            with Tracer(t.model) as tracer:
+            with Tracer(t.model, stop_at_first=True) as tracer:
                 try:
                     loss, _ = t.compute_loss(batch, replay=True)
                     t.backward(loss)
@@ -80,6 +80,8 @@ class Pinpointer:
                         t.clip_and_step(None)
                 except (KeyboardInterrupt, MemoryError, torch.OutOfMemoryError):
                     raise
+                except StopReplay:
+                    pass
                 except Exception as e:  # the same exception as in the run, usually
                     exc = e
         finally:

@@ -163,14 +163,19 @@ def _saved_tensors(node) -> dict[str, torch.Tensor]:
     return out
 
 
+class StopReplay(Exception):
+    """Raised from inside the traced op once the origin is recorded: the rest of the replay is not needed."""
+
+
 class Tracer(TorchDispatchMode):
     """Records the first op that gives birth to a NaN/Inf. Use as a context manager around the replay.
 
     `phase` is set by the replay driver to "optimizer" around the optimizer step; otherwise the phase is derived:
     backward while autograd runs, forward inside a module of `model`, loss outside any module."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, stop_at_first: bool = False):
         super().__init__()
+        self.stop_at_first = stop_at_first
         self.model = model
         self.names = {m: n for n, m in model.named_modules()}
         self.stack: list[str] = []
@@ -214,6 +219,7 @@ class Tracer(TorchDispatchMode):
             self._handles.append(m.register_forward_hook(self._post))
         self._anomaly = torch.autograd.set_detect_anomaly(True, check_nan=False)
         warnings.filterwarnings("ignore", message=".*anomaly.*")
+        warnings.filterwarnings("ignore", message="Error detected in")  # anomaly mode on a stopped replay
         self._anomaly.__enter__()
         return super().__enter__()
 
@@ -277,6 +283,8 @@ class Tracer(TorchDispatchMode):
                 self._last_inf = self._event(func, "inf", inputs, outs, scalars, args, kwargs)
             return out
         self.first = self._event(func, kind, inputs, outs, scalars, args, kwargs)
+        if self.stop_at_first:
+            raise StopReplay
         return out
 
     def _event(self, func, kind, inputs, outs, scalars, args, kwargs) -> OpEvent:
