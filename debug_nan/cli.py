@@ -68,7 +68,7 @@ RUN_OPTIONS = [
     _opt("--bundle/--no-bundle", help="Write a repro bundle on a finding. [default: bundle]"),
     _opt("--log", type=click.Path(dir_okay=False), help="Write a copy of the text log here."),
     _opt("--plot", type=click.Path(dir_okay=False), help="Heat map of the per-layer history (PNG; needs "
-                                                         "matplotlib: pip install 'debug-nan[plot]')."),
+                                                         "matplotlib)."),
 ]
 
 

@@ -321,3 +321,9 @@ def ddp_raises_on_rank1():
     base = raises_on_nan()
     base.batches = _masked_batches(n=4, empty_at=(3,))
     return base
+
+
+def bad_optimizer():
+    """optimizer(params) returns something that is not an optimizer."""
+    return SimpleNamespace(model=nn.Linear(D, 1), batches=[{"x": torch.randn(2, D)}],
+                           loss=lambda m, b: m(b["x"]).sum(), optimizer=lambda params: "sgd")

@@ -123,6 +123,11 @@ def test_task_returning_the_wrong_object(run_cli):
                    "`batches` must be an iterable", "`loss(model, batch)` must be callable")
 
 
+def test_task_optimizer_that_is_not_an_optimizer(run_cli):
+    _assert_exit_2(run_cli("--task", f"{SCENARIOS}:bad_optimizer"), "optimizer(params) must return a "
+                   "torch.optim.Optimizer, got str")
+
+
 def test_out_of_memory_names_the_size_and_the_option(run_cli):
     _assert_exit_2(run_cli("--task", f"{SCENARIOS}:out_of_memory", "--device", "cpu"),
                    "an allocation of 2.00 GiB failed", "lower the batch size")

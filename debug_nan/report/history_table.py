@@ -91,7 +91,7 @@ def check_plot_available(path: str | None) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError(f"--plot {path} needs matplotlib: pip install 'debug-nan[plot]' (or matplotlib).") from None
+        raise InputError(f"--plot {path} needs matplotlib: pip install matplotlib (or the project's plot extra).") from None
     if not path.lower().endswith(".png"):
         raise InputError(f"--plot {path}: give a .png path.")
 

@@ -24,7 +24,7 @@ from debug_nan.checks.pinpoint import Pinpointer, StepInputs, TaskFailure
 from debug_nan.checks.snapshot import Snapshot, capture_rng
 from debug_nan.checks.stats import move_to
 from debug_nan.checks.watch import Watch
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.finding import Finding
 from debug_nan.settings import RunSettings
 from debug_nan.train.distributed import DistContext
@@ -102,8 +102,7 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = (task.optimizer(params) if task.optimizer is not None
-                          else torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay))
+        self.optimizer = self.make_optimizer(params)
         warmup = max(1, settings.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda i: min(1.0, (i + 1) / warmup))
         self.autocast_dtype = AUTOCAST_DTYPES.get(settings.precision)
@@ -116,6 +115,19 @@ class Trainer:
         self.pinpointer = Pinpointer(self)
         self.history = History()
         self.bundle_dir: str | None = None  # where findings write repro bundles (None: no bundles)
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """The task's optimizer(params), checked, or AdamW at --lr / --weight-decay."""
+        if self.task.optimizer is None:
+            return torch.optim.AdamW(params, lr=self.s.lr, weight_decay=self.s.weight_decay)
+        try:
+            optimizer = self.task.optimizer(params)
+        except Exception as exc:
+            raise InputError(f"--task {self.task.spec}: optimizer(params) raised {describe_exception(exc)}.") from None
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InputError(f"--task {self.task.spec}: optimizer(params) must return a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}.")
+        return optimizer
 
     # -- the pieces of a step, shared by the run and the replay ---------------------------------------------
     def autocast(self):
