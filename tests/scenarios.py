@@ -327,3 +327,12 @@ def bad_optimizer():
     """optimizer(params) returns something that is not an optimizer."""
     return SimpleNamespace(model=nn.Linear(D, 1), batches=[{"x": torch.randn(2, D)}],
                            loss=lambda m, b: m(b["x"]).sum(), optimizer=lambda params: "sgd")
+
+
+def fp16_scaler_overflow():
+    """Forward within float16's range (max |x| ~ 4e4), but the scaled gradients overflow: the fp16 gradient
+    scaler skips those steps and lowers the scale, which is expected and no finding."""
+    task = fp16_overflow()
+    with torch.no_grad():
+        task.model.proj.weight.fill_(10.0)
+    return task

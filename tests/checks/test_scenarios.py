@@ -132,3 +132,10 @@ def test_bad_task_specs_exit_2(run_cli, spec, message):
     shutil.copy(SCENARIOS, "scenarios_copy.py")
     run = run_cli("--task", spec.replace("tests/scenarios.py", str(SCENARIOS)), "--device", "cpu")
     assert run.code == 2 and message in run.output and "Traceback" not in run.output
+
+
+def test_fp16_scaler_overflow_steps_are_not_findings(run_cli):
+    run = run_cli(*task("fp16_scaler_overflow"), "--precision", "fp16", "--max-steps", "3")
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    assert all(h["scaler_skipped"] for h in run.report["history"])
+    assert run.output.count("gradient scaler overflow at scale") == 3
