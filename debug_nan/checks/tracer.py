@@ -189,10 +189,10 @@ class Tracer(TorchDispatchMode):
         self._anomaly = None
 
     # -- module context --------------------------------------------------------------------------------------
-    def _pre(self, module, inputs):
+    def _pre(self, module, inputs, kwargs):
         self.stack.append(self.names[module])
         stops = set()
-        for t in tree_flatten(inputs)[0]:
+        for t in tree_flatten((inputs, kwargs))[0]:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 stops.add(id(t.grad_fn))
         self._stop_nodes.append(stops)
@@ -215,7 +215,7 @@ class Tracer(TorchDispatchMode):
 
     def __enter__(self):
         for m in self.names:
-            self._handles.append(m.register_forward_pre_hook(self._pre))
+            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._post))
         self._anomaly = torch.autograd.set_detect_anomaly(True, check_nan=False)
         warnings.filterwarnings("ignore", message=".*anomaly.*")
