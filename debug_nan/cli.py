@@ -110,7 +110,12 @@ def main(ctx: click.Context, config, **flags):
         settings = build_settings(config, flags)
     except InputError as exc:
         fail(str(exc))
-    sys.exit(run_job(settings))
+    try:
+        code = run_job(settings)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which writes its own partial summary)
+        click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
+        code = 130
+    sys.exit(code)
 
 
 @main.command("replay")
@@ -122,7 +127,12 @@ def replay(bundle, device, report, log_path):
     """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
     from debug_nan.runner import run_replay
 
-    sys.exit(run_replay(bundle, device, report, log_path))
+    try:
+        code = run_replay(bundle, device, report, log_path)
+    except KeyboardInterrupt:
+        click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -143,8 +144,21 @@ def validate(s: RunSettings) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}.")
     if s.d_model % s.heads:
         raise InputError(f"--d-model ({s.d_model}) must be divisible by --heads ({s.heads}).")
-    if s.lr <= 0:
-        raise InputError(f"--lr must be positive, got {s.lr}.")
+    def option(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in ("lr", "explosion_threshold", "explosion_growth", "nuc_weight", "unifrac_weight"):
+        value = getattr(s, name)
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(f"{option(name)} must be a positive finite number, got {value}.")
+    for name in ("weight_decay", "max_grad_norm"):
+        value = getattr(s, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise InputError(f"{option(name)} must be a finite number >= 0, got {value}.")
+    if s.warmup_steps < 0:
+        raise InputError(f"--warmup-steps must be >= 0, got {s.warmup_steps}.")
+    if not 0 <= s.seed < 2**63:
+        raise InputError(f"--seed must be in 0 .. 2^63 - 1, got {s.seed}.")
     if s.rarefy_depth is not None and s.rarefy_depth <= 0:
         raise InputError(f"--rarefy-depth must be a positive integer, got {s.rarefy_depth}.")
     if s.asv_chunk_size is not None and s.asv_chunk_size <= 0:

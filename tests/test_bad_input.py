@@ -94,6 +94,10 @@ def test_non_dna_characters(run_cli, tiny_data, tmp_path):
     (["--batch-size", "3"], "--batch-size 3: the UniFrac target needs pairs"),
     (["--precision", "fp8"], "Invalid value for '--precision'"),
     (["--device", "tpu"], "--device 'tpu' is not a device: use auto, cpu, cuda or cuda:N"),
+    (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be a finite number >= 0, got -1.0"),
+    (["--explosion-threshold", "-1"], "--explosion-threshold must be a positive finite number"),
+    (["--seed", "99999999999999999999"], "--seed must be in 0 .. 2^63 - 1"),
 ])
 def test_bad_options(run_cli, args, fragment):
     run = run_cli("--config", TINY, *args)

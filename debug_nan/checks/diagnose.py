@@ -173,6 +173,26 @@ def _softmax_rule(event: OpEvent, batch) -> tuple[str, str] | None:
     return "all_masked_softmax", evidence
 
 
+def _sdpa_rule(event: OpEvent, batch) -> tuple[str, str] | None:
+    """Fused attention: a query row whose attn_mask row masks every key (all False, or all -inf)."""
+    mask = dict(event.inputs).get("attn_mask")
+    if mask is None:
+        return None
+    blocked = ~mask if mask.dtype == torch.bool else torch.isneginf(mask)
+    empty = blocked.all(dim=-1)  # [..., L_q]
+    n_rows = int(empty.sum())
+    if n_rows == 0:
+        return None
+    query = dict(event.inputs).get("query")
+    first = query.shape[0] if query is not None else empty.shape[0]
+    rows = empty.reshape(empty.shape[0], -1).any(dim=1).nonzero().squeeze(1) if empty.dim() else None
+    where = describe_rows(rows, first, batch) if rows is not None and empty.shape[0] == first else \
+        "some batch rows"
+    return "all_masked_softmax", (f"{event.op}: the attention mask leaves {n_rows} query rows of {empty.numel()} "
+                                  f"with no key at all ({mask.shape[-1]} keys, every one masked), and softmax over "
+                                  f"an empty set is 0/0 = NaN. Those rows belong to {where}.")
+
+
 def _count(mask: torch.Tensor) -> int:
     return int(mask.sum())
 
@@ -287,8 +307,10 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
     result = None
     if event.phase == "backward":
         result = _singular_rule(event)
-    if result is None and name in SOFTMAX_OPS or name.startswith("_scaled_dot_product"):
+    if result is None and name in SOFTMAX_OPS:
         result = _softmax_rule(event, batch)
+    if result is None and (name.startswith("_scaled_dot_product") or name == "scaled_dot_product_attention"):
+        result = _sdpa_rule(event, batch)
     if result is None:
         result = _domain_rule(event, name)
     if result is None and event.kind == "nan" and any(bool(torch.isinf(t).any()) for _, t in event.inputs

@@ -100,8 +100,9 @@ class Pinpointer:
             try:
                 finding.bundle = str(write_bundle(self.t, inputs, micro, finding, check, optimizer, bundle_dir))
                 self.t.log(f"  [bundle] repro bundle written: {finding.bundle} (debug-nan replay {finding.bundle})")
-            except OSError as exc:
-                self.t.log(f"  [bundle] could not write the repro bundle to {bundle_dir}: {exc}", "yellow")
+            except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
+                self.t.log(f"  [bundle] could not write the repro bundle to {bundle_dir}: "
+                           f"{type(exc).__name__}: {exc}", "yellow")
         return finding
 
     def _pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
@@ -203,7 +204,7 @@ class Pinpointer:
         series = ", ".join(f"{r.grad_norm:.3g}" for r in steps if r.grad_norm is not None)
         share = value * value / max(rec.grad_norm ** 2, 1e-30)
         explanation = (f"The total gradient norm grew from {floor:.3g} to {rec.grad_norm:.3g} by step {rec.step}, "
-                       f"past --explosion-threshold {s.explosion_threshold:g} and {rec.grad_norm / floor:.3g}x the "
+                       f"past --explosion-threshold {s.explosion_threshold:g} and {rec.grad_norm / max(floor, 1e-12):.3g}x the "
                        f"smallest earlier norm (per step: {series}). Largest: `{name}` {value:.3g} ({share:.0%} of "
                        f"the squared total). Nothing is non-finite yet: stopped before the overflow.")
         self.t.log(f"  [watch] TRIP at step {rec.step}: gradient norm {rec.grad_norm:.4g} (explosion)", "red")

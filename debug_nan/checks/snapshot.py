@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import defaultdict
 
 import numpy as np
 import torch
@@ -26,6 +27,25 @@ def restore_rng(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _scaler_state(scaler) -> dict | None:
+    """The fp16 gradient scaler's state, copied on its device: scaler.state_dict() would sync (.item())."""
+    if scaler is None or getattr(scaler, "_scale", None) is None:
+        return None
+    return {"scale": scaler._scale.clone(), "growth": scaler._growth_tracker.clone()}
+
+
+def _restore_scaler(scaler, state: dict | None) -> None:
+    if scaler is None:
+        return
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    if state is not None:
+        scaler._scale.copy_(state["scale"])
+        scaler._growth_tracker.copy_(state["growth"])
+    # forget "unscale_() was called" for this step, as update() does at the end of a step
+    scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
 
 class Snapshot:
@@ -63,7 +83,10 @@ class Snapshot:
             "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in self.optimizer.state.get(p, {}).items()
                                             if not isinstance(v, torch.Tensor)} for p in self._params},
             "had_state": {id(p) for p in self._params if p in self.optimizer.state},
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            # lr and the other hyperparameters live in the param groups (the scheduler writes them there)
+            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in self.optimizer.param_groups],
+            "scaler": _scaler_state(self.scaler),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
         }
 
@@ -82,8 +105,9 @@ class Snapshot:
                     self.optimizer.state[p][k] = copy.deepcopy(v)
         for p in self._params:
             p.grad = None
-        if self.scaler is not None and self._other_state["scaler"]:
-            self.scaler.load_state_dict(self._other_state["scaler"])
+        for group, saved in zip(self.optimizer.param_groups, self._other_state["groups"]):
+            group.update(copy.deepcopy(saved))
+        _restore_scaler(self.scaler, self._other_state["scaler"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(self._other_state["scheduler"])
 
@@ -102,4 +126,5 @@ class Snapshot:
             return copy.deepcopy(obj)
 
         return {"model": cpu(self.model.state_dict()), "optimizer": cpu(self.optimizer.state_dict()),
-                "scaler": self._other_state["scaler"], "scheduler": self._other_state["scheduler"]}
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "scheduler": self._other_state["scheduler"]}

@@ -163,6 +163,17 @@ def _saved_tensors(node) -> dict[str, torch.Tensor]:
     return out
 
 
+# ops whose output is uninitialised memory (it may hold an old NaN) or that overwrite their destination whole:
+# the destination's old contents are not an input
+UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted")
+OVERWRITING = ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_",
+               "geometric_", "cauchy_", "log_normal_", "set_", "_foreach_copy_", "_foreach_zero_")
+
+
+def _op_name(func) -> str:
+    return func._schema.name.split("::")[-1]
+
+
 class StopReplay(Exception):
     """Raised from inside the traced op once the origin is recorded: the rest of the replay is not needed."""
 
@@ -257,11 +268,16 @@ class Tracer(TorchDispatchMode):
         if self.first is not None:
             return func(*args, **kwargs)
         self.ops_seen += 1
+        name = _op_name(func)
+        if name in UNINITIALISED:  # garbage by definition; what is written into it later is judged
+            return func(*args, **kwargs)
         mutable = func._schema.is_mutable
         before = None
         if mutable:  # an in-place op overwrites its input: judge the inputs before it runs
             tensors, _ = _named_tensors(func, args, kwargs)
-            before = [(n, t.detach().clone()) for n, t in tensors]
+            overwritten = name in OVERWRITING
+            before = [(n, t.detach().clone()) for n, t in tensors
+                      if n != "out" and not (overwritten and n == "self")]
         out = func(*args, **kwargs)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if not outs and mutable:

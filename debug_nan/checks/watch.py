@@ -120,10 +120,18 @@ class Watch:
         named = [(n, p.grad) for n, p in self.named_params if p.grad is not None]
         if not named:
             return None
-        norms = torch._foreach_norm([g.detach() for _, g in named])
+        # fp32/fp64 gradients in one fused kernel; a norm of fp16/bf16 gradients (a model cast to half) would
+        # overflow in its own dtype, so those are reduced in fp32
+        wide = [i for i, (_, g) in enumerate(named) if g.dtype in (torch.float32, torch.float64)]
+        norms: list[torch.Tensor | None] = [None] * len(named)
+        for i, norm in zip(wide, torch._foreach_norm([named[i][1].detach() for i in wide]) if wide else []):
+            norms[i] = norm
+        for i, (_, g) in enumerate(named):
+            if norms[i] is None:
+                norms[i] = torch.linalg.vector_norm(g.detach(), dtype=torch.float32)
         for (name, _), norm in zip(named, norms):
             self._add("grad", name, norm)
-        return list(norms)
+        return norms
 
     def watch_params(self) -> None:
         """After an optimizer step: max |x| of every parameter and optimizer state tensor."""
@@ -160,10 +168,11 @@ class Watch:
         groups: dict[tuple, list[int]] = {}
         for i, v in enumerate(self._values):
             groups.setdefault((v.device, v.dtype), []).append(i)
-        parts = [torch.stack([self._values[i] for i in idx]).to(device, torch.float32) for idx in groups.values()]
+        # float64 on the way: a float64 model's values above float32's range must not read as Inf
+        parts = [torch.stack([self._values[i] for i in idx]).to(device, torch.float64) for idx in groups.values()]
         order = np.concatenate([np.asarray(idx, dtype=np.int64) for idx in groups.values()]) if groups else \
             np.zeros(0, dtype=np.int64)
-        flat = torch.cat(parts) if parts else torch.zeros(0, device=device)
+        flat = torch.cat(parts) if parts else torch.zeros(0, device=device, dtype=torch.float64)
         n = flat.numel()
         if dist_ctx is not None:
             from debug_nan.train.distributed import EXCEPTION_CODE, PHASE_CODE, agree
@@ -177,7 +186,7 @@ class Watch:
             local = (~torch.isfinite(flat)).float().mul(w).amax() if n else torch.zeros((), device=device)
             if raised:
                 local = torch.clamp(local, min=float(EXCEPTION_CODE))
-            flat = torch.cat([flat, agree(local, dist_ctx)])
+            flat = torch.cat([flat, agree(local, dist_ctx).double()])
         host = flat.cpu().numpy().astype(np.float64)  # the one host sync
         out = np.empty(len(self._values))
         out[order] = host[:n]

@@ -123,8 +123,9 @@ def compute_unifrac(counts: sp.csr_matrix, asv_ids: list[str], sample_ids: list[
         dist = np.load(path)
         log(f"UniFrac ({metric}) {dist.shape[0]}x{dist.shape[0]} read from cache {path}.")
         return dist
-    if backend == "auto":
-        backend = "matrix" if counts.shape[0] > 200 else "skbio"
+    integral = bool(np.all(counts.data == np.rint(counts.data)))
+    if backend == "auto" or not integral:  # scikit-bio takes integer counts: relative abundances go by matrix
+        backend = "matrix" if counts.shape[0] > 200 or not integral else "skbio"
     start = time.perf_counter()
     if backend == "matrix":
         dist = unifrac_matrix(counts, asv_ids, tree, metric, progress=True)

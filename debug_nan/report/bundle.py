@@ -45,7 +45,12 @@ def write_bundle(trainer, inputs: StepInputs, micro: int, finding: Finding, chec
         "torch": torch.__version__,
         "device": str(trainer.device),
     }
-    torch.save(data, path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        torch.save(data, partial)  # a batch value that cannot be pickled fails here, leaving no half file
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 

@@ -198,7 +198,9 @@ class Trainer:
                     if not s.keep_going:
                         break
                     log("--keep-going: skipping this step's update and going on.", "yellow")
-                    inputs.snapshot.restore()
+                    # an optimizer-phase finding is the previous step's update: undo that one
+                    bad_update = finding.phase == "optimizer" and previous is not None
+                    (previous if bad_update else inputs).snapshot.restore()
                     self.optimizer.zero_grad(set_to_none=True)
                     previous = None
                     continue
