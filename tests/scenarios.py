@@ -330,9 +330,32 @@ def bad_optimizer():
 
 
 def fp16_scaler_overflow():
-    """Forward within float16's range (max |x| ~ 4e4), but the scaled gradients overflow: the fp16 gradient
-    scaler skips those steps and lowers the scale, which is expected and no finding."""
-    task = fp16_overflow()
+    """Healthy in fp16 (gradients ~1), but the initial loss scale 65536 pushes the scaled weight gradients
+    past 65504: the scaler skips those steps and lowers the scale, which is expected and no finding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 64), nn.Linear(64, 1))
     with torch.no_grad():
-        task.model.proj.weight.fill_(10.0)
-    return task
+        model[1].weight.fill_(0.3)
+    g = torch.Generator().manual_seed(10)
+    batches = [{"x": torch.randn(8, D, generator=g)} for _ in range(2)]
+    return SimpleNamespace(model=model, batches=batches, loss=lambda m, b: m(b["x"]).sum())
+
+
+def ddp_one_batch():
+    """A single micro-batch for 2 ranks: dealt out across passes, both ranks still train."""
+    torch.manual_seed(0)
+    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=1), loss=_encoder_loss)
+
+
+def ddp_raises_before_forward():
+    """Rank 1's second micro-batch makes its loss raise before the model runs: the other rank must not hang."""
+    torch.manual_seed(0)
+    batches = _masked_batches(n=4)
+    batches[3]["bad"] = True
+
+    def loss(model, batch):
+        if batch.get("bad"):
+            raise KeyError("column 'y2' missing from this batch")
+        return _encoder_loss(model, batch)
+
+    return SimpleNamespace(model=Encoder(), batches=batches, loss=loss)

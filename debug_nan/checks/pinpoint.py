@@ -89,6 +89,30 @@ class Pinpointer:
             t.watch.discard()
         return tracer, exc, batch
 
+    def finite_without_scaling(self, inputs: StepInputs, micro: int) -> bool:
+        """fp16: do micro-batches 1..micro give finite gradients with the loss scale off? (Then a non-finite
+        scaled gradient was only the scale's overflow.) Leaves the state as the snapshot had it."""
+        t = self.t
+        t.watch.enabled = False
+        try:
+            inputs.snapshot.restore()
+            t.model.zero_grad(set_to_none=True)
+            for i in range(micro):
+                restore_rng(inputs.rng[i], t.device)
+                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
+                (loss / t.accum).backward()
+            grads = [p.grad.detach() for p in t.model.parameters() if p.grad is not None]
+            return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+        except (KeyboardInterrupt, torch.OutOfMemoryError):
+            raise
+        except Exception:  # noqa: BLE001 - anything odd here is for the op-level replay to explain
+            return False
+        finally:
+            inputs.snapshot.restore()
+            t.model.zero_grad(set_to_none=True)
+            t.watch.enabled = True
+            t.watch.discard()
+
     # -- findings -----------------------------------------------------------------------------------------------
     def pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                  optimizer: bool = False) -> Finding:

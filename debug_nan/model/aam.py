@@ -112,14 +112,15 @@ class SampleEncoder(nn.Module):
 class UniFracHead(nn.Module):
     """sample vectors [B, D] -> predicted UniFrac distances [B, B] (Euclidean distance of projections).
 
-    The square root is taken of max(d^2, 1e-12): its derivative stays finite on the diagonal, where d = 0."""
+    The square root is taken of max(d^2, 1e-12) in float32 (under fp16 autocast 1e-12 would round to 0): its
+    derivative stays finite on the diagonal, where d = 0."""
 
     def __init__(self, d_model: int):
         super().__init__()
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        z = self.proj(z)
+        z = self.proj(z).float()
         d2 = (z.unsqueeze(1) - z.unsqueeze(0)).pow(2).sum(-1)
         return d2.clamp_min(1e-12).sqrt()
 

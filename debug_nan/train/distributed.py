@@ -6,6 +6,11 @@ micro-batch the ranks agree on a trip with ONE all-reduce (MAX) of a [world] vec
 the device, folded into the watch's single host sync: every rank stops at the same point, and all know which
 rank(s) saw the non-finite value first (the earliest phase wins). That rank replays and pinpoints without
 collectives; the finding is broadcast, and rank 0 writes the log and the report.
+
+To be deadlock-free whatever user code does, backward always runs under DDP's no_sync() (and DDP does not
+broadcast buffers in forward): the only collectives are the agreement, which every rank reaches even after an
+exception, and, once all agreed that nothing tripped, one flat gradient all-reduce per dtype at the end of the
+step. The price is that gradient communication no longer overlaps the backward pass.
 """
 
 from __future__ import annotations
@@ -68,6 +73,21 @@ def agree(local_code: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     codes[ctx.rank] = local_code
     dist.all_reduce(codes, op=dist.ReduceOp.MAX)
     return codes
+
+
+def allreduce_mean(tensors: list[torch.Tensor], ctx: DistContext) -> None:
+    """Average tensors over the ranks in place: one flat all-reduce per dtype."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = _flatten_dense_tensors(group)
+        dist.all_reduce(flat)
+        flat.div_(ctx.world)
+        for t, reduced in zip(group, _unflatten_dense_tensors(flat, group)):
+            t.copy_(reduced)
 
 
 def broadcast(obj, src: int):

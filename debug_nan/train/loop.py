@@ -99,7 +99,8 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.wrapped = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                broadcast_buffers=False)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.make_optimizer(params)
@@ -159,6 +160,9 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
+        self.step_schedule()
+
+    def step_schedule(self) -> None:
         with warnings.catch_warnings():  # a step the fp16 scaler skipped still advances the schedule
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
@@ -171,12 +175,14 @@ class Trainer:
         """Micro-batches forever, re-iterating task.batches; an empty iterable is a task error. Under DDP each rank
         takes every world-th micro-batch (unless the task shards itself, like the built-in one)."""
         shard = self.dist is not None and not getattr(self.task.batches, "sharded", False)
+        dealt = 0  # counts across passes, so every rank gets batches even when there are fewer than ranks
         while True:
             produced = False
-            for i, batch in enumerate(self.task.batches):
+            for batch in self.task.batches:
                 produced = True
-                if not shard or i % self.dist.world == self.dist.rank:
+                if not shard or dealt % self.dist.world == self.dist.rank:
                     yield batch
+                dealt += 1
             if not produced:
                 raise InputError(f"The task's `batches` ({self.task.name}) yielded no micro-batch.")
 
@@ -206,10 +212,11 @@ class Trainer:
                     continue
                 previous = inputs
             else:
-                # the parameter check of the last step: one more sync
-                bad = self.watch.sync().first_nonfinite()
-                if bad is not None and previous is not None:
-                    result.findings.append(self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True))
+                # the parameter check of the last step: one more sync (and agreement under DDP)
+                final = self.watch.sync(self.dist)
+                finding = self.decide(final, final.first_nonfinite(), None, previous, self.accum, None, previous)
+                if finding is not None:
+                    result.findings.append(finding)
         except KeyboardInterrupt:
             result.interrupted = True
             log("Interrupted (Ctrl-C): writing the partial summary.", "yellow")
@@ -243,11 +250,20 @@ class Trainer:
             finding = self.micro_step(inputs, micro, raw, rec, previous)
             if finding is not None:
                 return finding, inputs
-        finding = self.check_explosion(rec)
-        if finding is not None:
-            return finding, inputs
-        self.clip_and_step(self.last_grad_norms)
-        self.watch.watch_params()
+            if rec.scaler_skipped:
+                break
+        if rec.scaler_skipped:  # what GradScaler.step/update do on an overflow: no update, a lower scale
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            self.step_schedule()
+        else:
+            if self.dist is not None:
+                self.last_grad_norms = self.allreduce_gradients(rec)
+            finding = self.check_explosion(rec)
+            if finding is not None:
+                return finding, inputs
+            self.clip_and_step(self.last_grad_norms)
+            self.watch.watch_params()
         rec.seconds = time.perf_counter() - started
         if self.device.type == "cuda":
             rec.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -267,8 +283,9 @@ class Trainer:
                     "yellow" if line.startswith("WARNING") else None)
         error = None
         self.last_grad_norms = None
-        # under DDP, gradients are all-reduced on the last micro-batch of a step only
-        no_sync = self.wrapped.no_sync() if self.dist is not None and not last else nullcontext()
+        # under DDP every backward runs in no_sync(): the ranks first agree that nothing tripped, and only then
+        # are the gradients all-reduced (allreduce_gradients), so a rank that raised can never strand the others
+        no_sync = self.wrapped.no_sync() if self.dist is not None else nullcontext()
         try:
             with no_sync:
                 self.watch.watch_batch(batch)
@@ -284,8 +301,6 @@ class Trainer:
             if is_out_of_memory(exc):
                 raise
             error = exc
-            if self.dist is not None and last:
-                self.join_gradient_allreduce()
         result = self.watch.sync(self.dist, raised=error is not None)
         self.history.add_micro(rec, result, last)
         if last and rec.loss is not None:
@@ -295,12 +310,17 @@ class Trainer:
             log(f"  [trace{f' {micro}' if self.accum > 1 else ''}] layer-by-layer (module outputs, in order):")
             for name, stats in result.layer_stats.items():
                 log(f"    {name}: {stats.line()}")
-        bad = result.first_nonfinite()
+        return self.decide(result, result.first_nonfinite(), error, inputs, micro, rec, previous)
+
+    def decide(self, result, bad, error, inputs: StepInputs | None, micro: int, rec: StepRecord | None,
+               previous: StepInputs | None) -> Finding | None:
+        """Trip or not, from this micro-batch's checks. Under DDP every rank decides the same from the
+        all-reduced codes; the first rank to see it pinpoints and the finding is broadcast."""
         if self.dist is not None:
             return self.decide_across_ranks(result, bad, error, inputs, micro, rec, previous)
         if bad is None and error is None:
             return None
-        if self.scaler_overflow(bad.kind if bad is not None and error is None else None, rec):
+        if error is None and bad.kind == "grad" and self.scaler_overflow(inputs, micro, rec):
             return None
         return self.pinpoint_trip(bad, error, inputs, micro, previous)
 
@@ -310,29 +330,39 @@ class Trainer:
             return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True) if previous else None
         return self.pinpointer.pinpoint(inputs, micro, bad, error)
 
-    def scaler_overflow(self, kind: str | None, rec: StepRecord) -> bool:
-        """fp16 loss-scale overflow (only the gradients non-finite, scale still >= 1): expected, step skipped."""
-        if kind != "grad" or self.scaler is None:
+    def scaler_overflow(self, inputs: StepInputs, micro: int, rec: StepRecord, probe: bool | None = None) -> bool:
+        """Only the gradients went non-finite under an fp16 loss scale. Expected (and the step skipped) when the
+        same micro-batches give finite gradients without the scale; otherwise it is a real finding."""
+        if self.scaler is None or rec is None:
             return False
         scale = self.scaler.get_scale()
-        if scale < 1.0:
+        if probe is None:
+            probe = scale >= 1.0 and self.pinpointer.finite_without_scaling(inputs, micro)
+        if not probe:
             return False
         rec.scaler_skipped = True
-        self.log(f"  [fp16] gradient scaler overflow at scale {scale:g}: step skipped, scale lowered (expected).")
+        self.log(f"  [fp16] gradient scaler overflow at scale {scale:g} (finite without the scale): step skipped, "
+                 f"scale lowered (expected).")
         return True
 
     def decide_across_ranks(self, result, bad, error, inputs: StepInputs, micro: int, rec: StepRecord,
                             previous: StepInputs | None) -> Finding | None:
         """Every rank takes the same decision from the all-reduced codes; the first rank pinpoints, all learn."""
-        from debug_nan.train.distributed import CODE_PHASE, PHASE_CODE, broadcast
+        from debug_nan.train.distributed import CODE_PHASE, PHASE_CODE, agree, broadcast
 
         codes = result.rank_codes
         top = max(codes)
         if top == 0:
             return None
         first = [r for r, c in enumerate(codes) if c == top]
-        if self.scaler_overflow("grad" if top == PHASE_CODE["grad"] else None, rec):
-            return None
+        if top == PHASE_CODE["grad"] and self.scaler is not None and rec is not None:
+            # every rank probes its own micro-batches without the loss scale; all agree on who is genuine
+            genuine = 0.0 if (self.scaler.get_scale() >= 1.0 and
+                              self.pinpointer.finite_without_scaling(inputs, micro)) else 1.0
+            verdict = agree(torch.tensor(genuine, device=self.device), self.dist).tolist()
+            if max(verdict) == 0.0 and self.scaler_overflow(inputs, micro, rec, probe=True):
+                return None
+            first = [r for r, v in enumerate(verdict) if v > 0]
         src = first[0]
         self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
                  f"rank {src} pinpoints, the others wait.", "red")
@@ -349,13 +379,21 @@ class Trainer:
             outcome.rank, outcome.first_ranks = src, first
         return outcome
 
-    def join_gradient_allreduce(self) -> None:
-        """A rank whose user code raised still joins DDP's gradient all-reduce (with zero gradients), so the
-        other ranks do not hang in backward until the NCCL/gloo timeout."""
-        try:
-            sum((p * 0).sum() for p in self.model.parameters() if p.requires_grad).backward()
-        except RuntimeError:
-            pass
+    def allreduce_gradients(self, rec: StepRecord) -> list[torch.Tensor]:
+        """DDP: average the gradients over the ranks (every rank reaches this: nothing tripped anywhere), then
+        read their global norms for the history, the explosion check and clipping, identical on every rank."""
+        from debug_nan.train.distributed import allreduce_mean
+
+        named = [(n, p) for n, p in self.watch.named_params]
+        for _, p in named:
+            if p.grad is None:  # unused on this rank this step: the others may have a gradient
+                p.grad = torch.zeros_like(p)
+        allreduce_mean([p.grad for _, p in named], self.dist)
+        norms = torch._foreach_norm([p.grad for _, p in named])
+        values = torch.stack([n.double() for n in norms]).cpu().tolist()  # one more sync per step, DDP only
+        rec.grad_norms = {name: v for (name, _), v in zip(named, values)}
+        rec.grad_norm = math.sqrt(sum(v * v for v in values))
+        return list(norms)
 
     def check_explosion(self, rec: StepRecord) -> Finding | None:
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)

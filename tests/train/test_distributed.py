@@ -63,3 +63,19 @@ def test_loss_raising_on_one_rank_does_not_hang_the_other(tmp_path):
     f = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
     assert (f["rank"], f["step"], f["cause"]) == (1, 2, "all_masked_softmax")
     assert f["exception"].startswith("ValueError: NaN values found")
+
+
+def test_fewer_micro_batches_than_ranks(tmp_path):
+    proc, _ = torchrun("--task", f"{SCENARIOS}:ddp_one_batch", "--device", "cpu", "--max-steps", "2",
+                       "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["steps_run"] == 2
+
+
+def test_loss_raising_before_the_model_runs_on_one_rank(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_raises_before_forward", "--device", "cpu",
+                             "--max-steps", "4", "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "error" and report["first_nonfinite"] is None
+    assert "KeyError" in report["error"] and "step 2, micro-batch 1" in report["error"]
