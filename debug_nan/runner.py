@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -56,8 +57,7 @@ def run_job(s: RunSettings, stream=None) -> int:
     from debug_nan.train import distributed
 
     started = time.perf_counter()
-    log = None
-    device = None
+    log = device = trainer = None
     ctx = distributed.detect()
     main_rank = ctx is None or ctx.is_main
     try:
@@ -102,12 +102,26 @@ def run_job(s: RunSettings, stream=None) -> int:
         log("Interrupted (Ctrl-C) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     elapsed = time.perf_counter() - started
+    code = 130 if result.interrupted else EXIT_CODES[result.status]
+    if main_rank:
+        write_outputs(log, result, s, trainer, device, elapsed)
+    else:
+        write_summary(log, result, elapsed)
+        log.close()
     if ctx is not None:
-        distributed.shutdown()
-        if not main_rank:
-            write_summary(log, result, elapsed)
-            log.close()
-            return 130 if result.interrupted else EXIT_CODES[result.status]
+        # rank 0 has written the report; now every rank leaves together. torchrun SIGTERMs the other workers as
+        # soon as one exits non-zero, so from here on a SIGTERM exits with this rank's own code, and the process
+        # leaves without the interpreter's slow teardown (during which the default SIGTERM action is back)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+        distributed.finish()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> None:
+    """The history table (and plot), the summary (the last block of the log) and the JSON report."""
     if result.history.steps:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
@@ -122,7 +136,6 @@ def run_job(s: RunSettings, stream=None) -> int:
         write_report(s.report, data)
         log(f"JSON report written to {s.report}")
     log.close()
-    return 130 if result.interrupted else EXIT_CODES[result.status]
 
 
 def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str | None) -> int:

@@ -96,6 +96,8 @@ def broadcast(obj, src: int):
     return box[0]
 
 
-def shutdown() -> None:
+def finish() -> None:
+    """Wait for every rank (rank 0 writes the report meanwhile), then leave the process group."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
