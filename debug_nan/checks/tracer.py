@@ -65,7 +65,13 @@ def _has_nan(t: torch.Tensor) -> bool:
 
 
 def _has_nonfinite(t: torch.Tensor) -> bool:
-    return (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())
+    """One aminmax reduction (min/max propagate NaN and show +-Inf): several times faster than isfinite().all()."""
+    if t.is_complex():
+        return not bool(torch.isfinite(t).all())
+    if not t.is_floating_point() or t.numel() == 0:
+        return False
+    lo, hi = torch.aminmax(t.detach())
+    return not bool(torch.isfinite(torch.stack([lo, hi])).all())
 
 
 def _named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], dict[str, object]]:
