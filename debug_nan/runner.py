@@ -16,7 +16,8 @@ import debug_nan
 from debug_nan.errors import InputError
 from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
 from debug_nan.report.log import Log
-from debug_nan.report.summary import EXIT_CODES, check_writable, report_dict, write_report, write_summary
+from debug_nan.report.summary import (EXIT_CODES, check_writable, report_dict, write_error_report, write_report,
+                                      write_summary)
 from debug_nan.settings import RunSettings
 
 
@@ -49,9 +50,22 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
     return f"{where} To fit, {advice}."
 
 
+def stop(message: str, log, s: RunSettings, main_rank: bool) -> None:
+    """Bad usage or input before or outside the training loop: an error report where one was asked for (and its
+    folder is writable), the one-paragraph message, exit 2."""
+    from debug_nan.cli import fail
+
+    if s.report and main_rank:
+        try:
+            check_writable(s.report, "--report")
+            write_error_report(s.report, message, 2)
+        except (InputError, OSError):
+            pass
+    fail(message, log)
+
+
 def run_job(s: RunSettings, stream=None) -> int:
     """Run the job and return the process exit code."""
-    from debug_nan.cli import fail
     from debug_nan.train.loop import Trainer, resolve_device
 
     from debug_nan.train import distributed
@@ -87,13 +101,13 @@ def run_job(s: RunSettings, stream=None) -> int:
             trainer.bundle_dir = s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
         result = trainer.run()
     except InputError as exc:
-        fail(str(exc), log)
+        stop(str(exc), log, s, main_rank)
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         from debug_nan.train.loop import is_out_of_memory
 
         if not is_out_of_memory(exc):
             raise
-        fail(oom_message(exc, s, device), log)
+        stop(oom_message(exc, s, device), log, s, main_rank)
     except KeyboardInterrupt:
         from debug_nan.train.loop import RunResult
 
@@ -102,7 +116,7 @@ def run_job(s: RunSettings, stream=None) -> int:
         log("Interrupted (Ctrl-C) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     elapsed = time.perf_counter() - started
-    code = 130 if result.interrupted else EXIT_CODES[result.status]
+    code = result.exit_code or (130 if result.interrupted else EXIT_CODES[result.status])
     if main_rank:
         write_outputs(log, result, s, trainer, device, elapsed)
     else:

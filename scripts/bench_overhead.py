@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import statistics
 import sys
@@ -93,7 +94,7 @@ def main() -> None:
     def watch_step(i: int) -> None:
         quiet.stream.seek(0)
         quiet.stream.truncate()
-        finding, _ = trainer.train_step(i, [batches[i % len(batches)]], None)
+        finding, _ = trainer.train_step(i, itertools.repeat(batches[i % len(batches)]), None)
         assert finding is None, finding
 
     modes = [m for m in args.modes.split(",") if m in MODES]

@@ -359,3 +359,20 @@ def ddp_raises_before_forward():
         return _encoder_loss(model, batch)
 
     return SimpleNamespace(model=Encoder(), batches=batches, loss=loss)
+
+
+def one_shot_generator():
+    """`batches` as a one-shot generator: it runs dry on the second pass (a clear exit 2, on every rank)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(11)
+    batches = ({"x": torch.randn(4, D, generator=g)} for _ in range(3))
+    return SimpleNamespace(model=nn.Linear(D, 1), batches=batches, loss=lambda m, b: m(b["x"]).pow(2).mean())
+
+
+def ddp_optimizer_overflow():
+    """2 ranks, SGD at lr 1e25: rank 1's inputs make its gradient 1e18, the averaged update overflows the weight.
+    Only the averaged gradient reproduces it: rank 0's own gradient alone stays finite."""
+    torch.manual_seed(0)
+    batches = [{"x": torch.ones(4, D)}, {"x": torch.full((4, D), 1e18)}]
+    return SimpleNamespace(model=nn.Linear(D, 1, bias=False), batches=batches, loss=lambda m, b: m(b["x"]).sum(),
+                           optimizer=lambda params: torch.optim.SGD(params, lr=1e25))

@@ -165,3 +165,14 @@ def test_no_colour_when_not_a_tty_or_no_color(monkeypatch):
     plain = io.StringIO()
     Log(stream=plain)("x", "red")
     assert plain.getvalue() == "x\n"
+
+
+def test_one_shot_generator_is_a_clear_error(run_cli):
+    run = run_cli("--task", f"{SCENARIOS}:one_shot_generator", "--device", "cpu", "--max-steps", "5")
+    _assert_exit_2(run, "ran dry after 3 micro-batches", "not a one-shot generator")
+
+
+def test_exit_2_leaves_an_error_report_not_an_empty_file(run_cli, tmp_path):
+    run = run_cli("--task", "nope.py:f")
+    assert run.code == 2 and run.report["status"] == "error" and "does not exist" in run.report["error"]
+    assert not list(tmp_path.glob(".debug-nan-probe-*"))

@@ -23,6 +23,14 @@ class StepRecord:
     seconds: float | None = None
     peak_memory_mb: float | None = None
     scaler_skipped: bool = False
+    micro_batches: int = 0
+
+    def finish(self) -> None:
+        """Sums over the micro-batches run -> means."""
+        if self.micro_batches:
+            if self.loss is not None:
+                self.loss /= self.micro_batches
+            self.parts = {k: v / self.micro_batches for k, v in self.parts.items()}
 
 
 def _max(a: float | None, b: float) -> float:
@@ -41,6 +49,7 @@ class History:
         return rec
 
     def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
+        rec.micro_batches += 1
         for name, value in result.values("forward").items():
             rec.activations[name] = _max(rec.activations.get(name), value)
         loss = result.loss()
@@ -49,18 +58,20 @@ class History:
         for name, value in result.values("loss_part").items():
             rec.parts[name] = rec.parts.get(name, 0.0) + value
         if last:
-            grads = result.values("grad")
+            grads = result.values("grad_norm")
             rec.grad_norms = grads
             if grads:
                 rec.grad_norm = math.sqrt(sum(v * v for v in grads.values()))
 
     def explosion(self, threshold: float, growth: float) -> tuple[StepRecord, float] | None:
         """The last step if its gradient norm passed `threshold` and grew `growth`-fold over the earlier minimum."""
-        norms = [r.grad_norm for r in self.steps if r.grad_norm is not None and math.isfinite(r.grad_norm)]
         last = self.steps[-1] if self.steps else None
-        if last is None or last.grad_norm is None or len(norms) < 2 or not math.isfinite(last.grad_norm):
+        if last is None or last.grad_norm is None or math.isnan(last.grad_norm):
             return None
-        floor = min(norms[:-1])
+        earlier = [r.grad_norm for r in self.steps[:-1] if r.grad_norm is not None and math.isfinite(r.grad_norm)]
+        if not earlier:
+            return None
+        floor = min(earlier)  # an infinite last norm (the L2 sum overflowed, every element finite) also counts
         if last.grad_norm > threshold and last.grad_norm > growth * max(floor, 1e-12):
             return last, floor
         return None

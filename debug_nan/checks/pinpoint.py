@@ -55,29 +55,42 @@ class Pinpointer:
         self.t = trainer
 
     # -- replay -------------------------------------------------------------------------------------------------
-    def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False):
-        """Re-run micro-batches 1..micro-1 plainly and `micro` under the tracer -> (tracer, exception, batch)."""
+    def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
+        """Restore the snapshot and re-run the step up to the failing point -> (tracer, exception, batch).
+
+        A forward/backward trip: micro-batches 1..micro-1 plainly, `micro` under the tracer. A parameter trip
+        (optimizer=True): every micro-batch plainly (under DDP the gradients are averaged across the ranks, as in
+        the run: every rank takes part, trace=False on all but the pinpointing one), then the optimizer step
+        under the tracer."""
         t = self.t
         t.watch.enabled = False
-        exc = None
+        exc = tracer = None
+        batch = None
         try:
             inputs.snapshot.restore()
             t.model.zero_grad(set_to_none=True)
-            for i in range(micro - 1):
+            plain = micro if optimizer else micro - 1
+            for i in range(plain):
                 restore_rng(inputs.rng[i], t.device)
                 loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
                 t.backward(loss)
-            restore_rng(inputs.rng[micro - 1], t.device)
-            batch = move_to(inputs.batches[micro - 1], t.device)
+            if optimizer and getattr(t, "dist", None) is not None:
+                t.average_gradients()
+            if not trace:
+                return None, None, None
+            if not optimizer:
+                restore_rng(inputs.rng[micro - 1], t.device)
+                batch = move_to(inputs.batches[micro - 1], t.device)
             with Tracer(t.model, stop_at_first=True) as tracer:
                 try:
-                    loss, _ = t.compute_loss(batch, replay=True)
-                    t.backward(loss)
                     if optimizer:
                         if t.scaler is not None:
                             t.scaler.unscale_(t.optimizer)
                         tracer.phase_override = "optimizer"
                         t.clip_and_step(None)
+                    else:
+                        loss, _ = t.compute_loss(batch, replay=True)
+                        t.backward(loss)
                 except (KeyboardInterrupt, MemoryError, torch.OutOfMemoryError):
                     raise
                 except StopReplay:
@@ -115,7 +128,10 @@ class Pinpointer:
 
     # -- findings -----------------------------------------------------------------------------------------------
     def pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                 optimizer: bool = False) -> Finding:
+                 optimizer: bool = False, trace: bool = True) -> Finding | None:
+        if not trace:  # DDP, not the pinpointing rank: only take part in the re-run's gradient all-reduce
+            self.replay(inputs, micro, optimizer, trace=False)
+            return None
         finding = self._pinpoint(inputs, micro, check, error, optimizer)
         bundle_dir = getattr(self.t, "bundle_dir", None)
         if bundle_dir is not None:

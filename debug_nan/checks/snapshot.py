@@ -55,6 +55,9 @@ class Snapshot:
         self.model, self.optimizer, self.scaler, self.scheduler = model, optimizer, scaler, scheduler
         self._params = [p for p in model.parameters()]
         self._param_copies = [p.detach().clone() for p in self._params]
+        # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
+        self._buffers = [b for b in model.buffers()]
+        self._buffer_copies = [b.detach().clone() for b in self._buffers]
         self._state_keys: list[tuple[torch.Tensor, str]] = []
         self._state_copies: list[torch.Tensor] = []
         self._other_state: dict = {}
@@ -72,6 +75,8 @@ class Snapshot:
         self.step = step
         with torch.no_grad():
             torch._foreach_copy_(self._param_copies, [p.detach() for p in self._params])
+            for saved, b in zip(self._buffer_copies, self._buffers):
+                saved.copy_(b)
             state = self._state_tensors()
             keys = [(id(p), k) for p, k, _ in state]
             if keys != self._state_keys:  # first step with state (or a new param group): allocate once
@@ -93,6 +98,8 @@ class Snapshot:
     def restore(self) -> None:
         with torch.no_grad():
             torch._foreach_copy_([p.data for p in self._params], self._param_copies)
+            for b, saved in zip(self._buffers, self._buffer_copies):
+                b.copy_(saved)
             for p in self._params:
                 if id(p) not in self._other_state["had_state"]:
                     self.optimizer.state.pop(p, None)

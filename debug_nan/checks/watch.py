@@ -40,7 +40,7 @@ def _combine(lo: float, hi: float) -> float:
 
 @dataclass
 class Check:
-    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad"
+    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad" (max |g|) | "grad_norm" (L2)
     name: str  # parameter name, batch key, module path
     value: float
 
@@ -54,7 +54,9 @@ class MicroResult:
     rank_codes: list[float] | None = None  # under DDP: every rank's earliest non-finite phase code (0 = clean)
 
     def first_nonfinite(self) -> Check | None:
-        return next((c for c in self.checks if not math.isfinite(c.value)), None)
+        """The earliest check whose tensor held a NaN/Inf (gradient L2 norms only feed the history: a norm can
+        overflow while every element is finite; the gradients' own check is their max |x|)."""
+        return next((c for c in self.checks if c.kind != "grad_norm" and not math.isfinite(c.value)), None)
 
     def values(self, kind: str) -> dict[str, float]:
         """name -> value for one kind; repeated names (a module called twice) keep the largest."""
@@ -115,11 +117,13 @@ class Watch:
             self._add("loss_part", name, value.detach().reshape(()))
 
     def watch_grads(self) -> list[torch.Tensor] | None:
-        """L2 norm of every gradient, computed together (one fused kernel per device and dtype); returned too,
-        so that clipping reuses them."""
+        """Per gradient: max |g| (the finiteness check; it cannot overflow) and the L2 norm (history, explosion
+        check, and returned so that clipping reuses them), each one fused kernel per device and dtype."""
         named = [(n, p.grad) for n, p in self.named_params if p.grad is not None]
         if not named:
             return None
+        for (name, _), peak in zip(named, torch._foreach_norm([g.detach() for _, g in named], INF)):
+            self._add("grad", name, peak)
         # fp32/fp64 gradients in one fused kernel; a norm of fp16/bf16 gradients (a model cast to half) would
         # overflow in its own dtype, so those are reduced in fp32
         wide = [i for i, (_, g) in enumerate(named) if g.dtype in (torch.float32, torch.float64)]
@@ -130,7 +134,7 @@ class Watch:
             if norms[i] is None:
                 norms[i] = torch.linalg.vector_norm(g.detach(), dtype=torch.float32)
         for (name, _), norm in zip(named, norms):
-            self._add("grad", name, norm)
+            self._add("grad_norm", name, norm)
         return norms
 
     def watch_params(self) -> None:
@@ -148,10 +152,10 @@ class Watch:
             for name, norm in zip(names, torch._foreach_norm(tensors, INF)):
                 self._add("param", name, norm)
 
-    def sync(self, dist_ctx=None, raised: bool = False) -> MicroResult:
+    def sync(self, dist_ctx=None, raised: bool = False, abort: bool = False) -> MicroResult:
         """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch. Under DDP the
         ranks' phase codes are all-reduced on the device first and come back in the same copy."""
-        values, codes = self._gather(dist_ctx, raised)
+        values, codes = self._gather(dist_ctx, raised, abort)
         checks, i = [], 0
         for kind, name, width in self._labels:
             value = float(values[i]) if width == 1 else _combine(float(values[i]), float(values[i + 1]))
@@ -161,7 +165,8 @@ class Watch:
         self._values, self._labels, self._layer_stats = [], [], {}
         return result
 
-    def _gather(self, dist_ctx=None, raised: bool = False) -> tuple[np.ndarray, list[float] | None]:
+    def _gather(self, dist_ctx=None, raised: bool = False, abort: bool = False
+                ) -> tuple[np.ndarray, list[float] | None]:
         """All recorded 0-d values as one float64 host array (one stack + cast per (device, dtype), one copy),
         and under DDP the all-reduced [world] phase codes riding in the same copy."""
         device = self._values[0].device if self._values else next(self.model.parameters()).device
@@ -175,7 +180,7 @@ class Watch:
         flat = torch.cat(parts) if parts else torch.zeros(0, device=device, dtype=torch.float64)
         n = flat.numel()
         if dist_ctx is not None:
-            from debug_nan.train.distributed import EXCEPTION_CODE, PHASE_CODE, agree
+            from debug_nan.train.distributed import ABORT_CODE, EXCEPTION_CODE, PHASE_CODE, agree
 
             weights = np.zeros(len(self._values), dtype=np.float32)
             i = 0
@@ -184,8 +189,8 @@ class Watch:
                 i += width
             w = torch.from_numpy(weights[order]).to(device, non_blocking=True)
             local = (~torch.isfinite(flat)).float().mul(w).amax() if n else torch.zeros((), device=device)
-            if raised:
-                local = torch.clamp(local, min=float(EXCEPTION_CODE))
+            if raised or abort:
+                local = torch.clamp(local, min=float(ABORT_CODE if abort else EXCEPTION_CODE))
             flat = torch.cat([flat, agree(local, dist_ctx).double()])
         host = flat.cpu().numpy().astype(np.float64)  # the one host sync
         out = np.empty(len(self._values))

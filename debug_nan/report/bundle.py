@@ -41,7 +41,7 @@ def write_bundle(trainer, inputs: StepInputs, micro: int, finding: Finding, chec
         "rng": inputs.rng[:n],
         **states,
         "settings": trainer.s.to_dict(),
-        "task": trainer.s.task,
+        **task_reference(trainer.s.task),
         "torch": torch.__version__,
         "device": str(trainer.device),
     }
@@ -52,6 +52,32 @@ def write_bundle(trainer, inputs: StepInputs, micro: int, finding: Finding, chec
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def task_reference(spec: str | None) -> dict:
+    """A --task as the bundle keeps it: a FILE.py spec with its absolute path and the file's text (so a replay
+    works from another folder, or on another machine where the file is not), a module spec as given."""
+    if not spec or ":" not in spec:
+        return {"task": spec, "task_source": None}
+    where, name = spec.rsplit(":", 1)
+    path = Path(where)
+    if where.endswith(".py") and path.is_file():
+        return {"task": f"{path.resolve()}:{name}", "task_source": path.read_text()}
+    return {"task": spec, "task_source": None}
+
+
+def _task_spec_for_replay(b: dict) -> str:
+    """The bundle's task, or, where its file is missing here, the file's text written to a temporary folder."""
+    import tempfile
+
+    spec = b["task"]
+    where, name = spec.rsplit(":", 1)
+    if b.get("task_source") and where.endswith(".py") and not Path(where).is_file():
+        folder = Path(tempfile.mkdtemp(prefix="debug-nan-task-"))
+        copy = folder / Path(where).name
+        copy.write_text(b["task_source"])
+        return f"{copy}:{name}"
+    return spec
 
 
 def read_bundle(path: str | Path) -> dict:
@@ -78,7 +104,7 @@ def replay_bundle(path: str, device_spec: str, log) -> tuple[Finding | None, dic
     settings = RunSettings(**{**b["settings"], "device": device_spec, "report": None, "log": None})
     device = resolve_device(settings.device, log)
     if b["task"]:
-        task = load_task(b["task"], settings)
+        task = load_task(_task_spec_for_replay(b), settings)
         task.batches = b["batches"]
     else:
         task = build_aam_model_task(settings, b["batches"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "findings": [f.to_dict() for f in result.findings],
         "error": result.error,
         "interrupted": result.interrupted,
-        "exit_code": EXIT_CODES[result.status] if not result.interrupted else 130,
+        "exit_code": result.exit_code or (EXIT_CODES[result.status] if not result.interrupted else 130),
         "elapsed_s": round(elapsed, 3),
         "device": str(device) if device is not None else None,
         "torch": torch.__version__,
@@ -132,8 +133,8 @@ def check_writable(path: str | None, option: str) -> None:
         raise InputError(f"{option} {p} is a directory; give a file path.")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "a"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".debug-nan-probe-"):
+            pass  # probe the folder; an existing file at the path itself is left as it is
     except OSError as exc:
         raise InputError(f"{option} {p}: cannot write there ({exc.strerror or exc}).") from None
 
@@ -153,3 +154,10 @@ def _json_safe(obj):
 
 def write_report(path: str, data: dict) -> None:
     Path(path).write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")
+
+
+def write_error_report(path: str, message: str, exit_code: int) -> None:
+    """The report of a run that could not start (bad usage or input): status error, the message, the code."""
+    write_report(path, {"status": "error", "steps_run": 0, "first_nonfinite": None, "findings": [],
+                        "error": message, "exit_code": exit_code, "torch": torch.__version__,
+                        "debug_nan": debug_nan.__version__})

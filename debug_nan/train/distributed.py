@@ -25,9 +25,10 @@ import torch.distributed as dist
 from debug_nan.errors import InputError
 
 # how early a check runs in a micro-batch: a higher code was seen earlier (0 = nothing seen)
-PHASE_CODE = {"param": 6, "data": 5, "forward": 4, "loss": 3, "loss_part": 3, "grad": 1}
+PHASE_CODE = {"param": 6, "data": 5, "forward": 4, "loss": 3, "loss_part": 3, "grad": 1, "grad_norm": 0}
+ABORT_CODE = 7  # a rank must stop for a reason that is not numerical (bad input, out of memory, Ctrl-C)
 EXCEPTION_CODE = 2  # user code raised (between the loss and the gradients, as far as ordering goes)
-CODE_PHASE = {6: "optimizer", 5: "data", 4: "forward", 3: "loss", 2: "exception", 1: "backward"}
+CODE_PHASE = {7: "abort", 6: "optimizer", 5: "data", 4: "forward", 3: "loss", 2: "exception", 1: "backward"}
 
 
 @dataclass
@@ -88,6 +89,17 @@ def allreduce_mean(tensors: list[torch.Tensor], ctx: DistContext) -> None:
         flat.div_(ctx.world)
         for t, reduced in zip(group, _unflatten_dense_tensors(flat, group)):
             t.copy_(reduced)
+
+
+def used_anywhere(flags: list[bool], ctx: DistContext) -> list[bool]:
+    """Which parameters got a gradient on at least one rank (one small all-reduce)."""
+    t = torch.tensor(flags, dtype=torch.float32, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def broadcast(obj, src: int):

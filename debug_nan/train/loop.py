@@ -85,6 +85,25 @@ class RunResult:
     history: History = field(default_factory=History)
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    exit_code: int | None = None  # overrides the status's code (an abort under DDP: 2 for bad input, ...)
+
+
+class RunAborted(Exception):
+    """Under DDP: a rank has to stop for a non-numerical reason; every rank stops with the same message."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @staticmethod
+    def describe(exc: BaseException | None) -> tuple[str, int]:
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted (Ctrl-C)", 130
+        if isinstance(exc, InputError):
+            return str(exc), 2
+        if exc is not None and is_out_of_memory(exc):
+            return f"out of memory: {describe_exception(exc)}", 2
+        return describe_exception(exc) if exc is not None else "stopped", 1
 
 
 class Trainer:
@@ -172,18 +191,23 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def batch_stream(self):
-        """Micro-batches forever, re-iterating task.batches; an empty iterable is a task error. Under DDP each rank
-        takes every world-th micro-batch (unless the task shards itself, like the built-in one)."""
+        """Micro-batches forever, re-iterating task.batches. Under DDP each rank takes every world-th micro-batch
+        (unless the task shards itself, like the built-in one), counted across passes, so even a single batch
+        reaches every rank."""
         shard = self.dist is not None and not getattr(self.task.batches, "sharded", False)
-        dealt = 0  # counts across passes, so every rank gets batches even when there are fewer than ranks
+        dealt = 0
         while True:
-            produced = False
+            produced = 0
             for batch in self.task.batches:
-                produced = True
+                produced += 1
                 if not shard or dealt % self.dist.world == self.dist.rank:
                     yield batch
                 dealt += 1
-            if not produced:
+            if produced == 0:
+                if dealt:
+                    raise InputError(f"The task's `batches` ({self.task.name}) ran dry after {dealt} micro-batches: "
+                                     f"give an iterable that starts over when iterated again (a list, or an object "
+                                     f"whose __iter__ restarts), not a one-shot generator.")
                 raise InputError(f"The task's `batches` ({self.task.name}) yielded no micro-batch.")
 
     def run(self) -> RunResult:
@@ -196,7 +220,7 @@ class Trainer:
                    disable=not sys.stderr.isatty())
         try:
             for step in range(1, s.max_steps + 1):
-                finding, inputs = self.train_step(step, [next(stream) for _ in range(self.accum)], previous)
+                finding, inputs = self.train_step(step, stream, previous)
                 result.steps_run = step
                 bar.update(1)
                 if finding is not None:
@@ -222,6 +246,9 @@ class Trainer:
             log("Interrupted (Ctrl-C): writing the partial summary.", "yellow")
         except TaskFailure as failure:
             result.error = str(failure)
+        except RunAborted as abort:
+            result.error, result.exit_code = str(abort), abort.exit_code
+            result.interrupted = abort.exit_code == 130
         finally:
             bar.close()
         result.finding = result.findings[0] if result.findings else None
@@ -231,30 +258,31 @@ class Trainer:
             result.status = "error"
         return result
 
-    def train_step(self, step: int, batches: list, previous: StepInputs | None
-                   ) -> tuple[Finding | None, StepInputs]:
+    def train_step(self, step: int, stream, previous: StepInputs | None) -> tuple[Finding | None, StepInputs]:
         """One optimizer step with every check: snapshot, micro-batches, explosion check, clip, step."""
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         snapshot = self.snapshots[step % 2]
         snapshot.save(step)
-        inputs = StepInputs(step=step, batches=batches, rng=[], snapshot=snapshot)
+        inputs = StepInputs(step=step, batches=[], rng=[], snapshot=snapshot)
         rec = self.history.begin(step)
         rec.lr = self.optimizer.param_groups[0]["lr"]
         self.log()
         self.log.rule(f"STEP {step}/{self.s.max_steps}" +
                       (f" (micro-batches 1..{self.accum})" if self.accum > 1 else ""))
         self.optimizer.zero_grad(set_to_none=True)
-        for micro, raw in enumerate(batches, 1):
-            finding = self.micro_step(inputs, micro, raw, rec, previous)
+        for micro in range(1, self.accum + 1):
+            finding = self.micro_step(inputs, micro, stream, rec, previous)
             if finding is not None:
                 return finding, inputs
             if rec.scaler_skipped:
                 break
+        rec.finish()
         if rec.scaler_skipped:  # what GradScaler.step/update do on an overflow: no update, a lower scale
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            self.scaler._growth_tracker.zero_()
             self.step_schedule()
         else:
             if self.dist is not None:
@@ -270,23 +298,28 @@ class Trainer:
         self.log_step(rec)
         return None, inputs
 
-    def micro_step(self, inputs: StepInputs, micro: int, raw, rec: StepRecord,
+    def micro_step(self, inputs: StepInputs, micro: int, stream, rec: StepRecord,
                    previous: StepInputs | None) -> Finding | None:
-        """Forward, loss, backward and the watch for one micro-batch; a Finding if something tripped."""
+        """Fetch, forward, loss, backward and the watch for one micro-batch; a Finding if something tripped.
+
+        Under DDP a reason to stop that is not numerical (bad input, out of memory, Ctrl-C) on one rank is
+        carried through the same agreement as a trip, so that no rank is left waiting in a collective."""
         log = self.log
         last = micro == self.accum
-        inputs.rng.append(capture_rng(self.device))
-        batch = move_to(raw, self.device)
-        if self.task.describe_batch is not None:
-            for line in self.task.describe_batch(raw):
-                log(f"  [data{f' {micro}' if self.accum > 1 else ''}] {line}",
-                    "yellow" if line.startswith("WARNING") else None)
-        error = None
+        error = abort = None
         self.last_grad_norms = None
         # under DDP every backward runs in no_sync(): the ranks first agree that nothing tripped, and only then
         # are the gradients all-reduced (allreduce_gradients), so a rank that raised can never strand the others
         no_sync = self.wrapped.no_sync() if self.dist is not None else nullcontext()
         try:
+            raw = next(stream)
+            inputs.batches.append(raw)
+            inputs.rng.append(capture_rng(self.device))
+            batch = move_to(raw, self.device)
+            if self.task.describe_batch is not None:
+                for line in self.task.describe_batch(raw):
+                    log(f"  [data{f' {micro}' if self.accum > 1 else ''}] {line}",
+                        "yellow" if line.startswith("WARNING") else None)
             with no_sync:
                 self.watch.watch_batch(batch)
                 loss, parts = self.compute_loss(batch)
@@ -295,39 +328,44 @@ class Trainer:
             if last and self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             self.last_grad_norms = self.watch.watch_grads()
-        except (InputError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
-            if is_out_of_memory(exc):
+        except (InputError, KeyboardInterrupt) as exc:
+            if self.dist is None:
                 raise
-            error = exc
-        result = self.watch.sync(self.dist, raised=error is not None)
-        self.history.add_micro(rec, result, last)
-        if last and rec.loss is not None:
-            rec.loss /= self.accum
-            rec.parts = {k: v / self.accum for k, v in rec.parts.items()}
+            abort = exc
+        except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
+            if is_out_of_memory(exc) and self.dist is None:
+                raise
+            if is_out_of_memory(exc):
+                abort = exc
+            else:
+                error = exc
+        result = self.watch.sync(self.dist, raised=error is not None, abort=abort is not None)
+        if abort is None:
+            self.history.add_micro(rec, result, last)
         if self.s.trace_every_step and result.layer_stats:
             log(f"  [trace{f' {micro}' if self.accum > 1 else ''}] layer-by-layer (module outputs, in order):")
             for name, stats in result.layer_stats.items():
                 log(f"    {name}: {stats.line()}")
-        return self.decide(result, result.first_nonfinite(), error, inputs, micro, rec, previous)
+        return self.decide(result, result.first_nonfinite(), error, inputs, micro, rec, previous, abort)
 
     def decide(self, result, bad, error, inputs: StepInputs | None, micro: int, rec: StepRecord | None,
-               previous: StepInputs | None) -> Finding | None:
+               previous: StepInputs | None, abort: BaseException | None = None) -> Finding | None:
         """Trip or not, from this micro-batch's checks. Under DDP every rank decides the same from the
         all-reduced codes; the first rank to see it pinpoints and the finding is broadcast."""
         if self.dist is not None:
-            return self.decide_across_ranks(result, bad, error, inputs, micro, rec, previous)
+            return self.decide_across_ranks(result, bad, error, inputs, micro, rec, previous, abort)
         if bad is None and error is None:
             return None
         if error is None and bad.kind == "grad" and self.scaler_overflow(inputs, micro, rec):
             return None
         return self.pinpoint_trip(bad, error, inputs, micro, previous)
 
-    def pinpoint_trip(self, bad, error, inputs: StepInputs, micro: int, previous: StepInputs | None
-                      ) -> Finding | None:
+    def pinpoint_trip(self, bad, error, inputs: StepInputs, micro: int, previous: StepInputs | None,
+                      trace: bool = True) -> Finding | None:
         if bad is not None and bad.kind == "param":  # the previous step's optimizer update
-            return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True) if previous else None
+            if previous is None:
+                return None
+            return self.pinpointer.pinpoint(previous, self.accum, bad, None, optimizer=True, trace=trace)
         return self.pinpointer.pinpoint(inputs, micro, bad, error)
 
     def scaler_overflow(self, inputs: StepInputs, micro: int, rec: StepRecord, probe: bool | None = None) -> bool:
@@ -346,49 +384,67 @@ class Trainer:
         return True
 
     def decide_across_ranks(self, result, bad, error, inputs: StepInputs, micro: int, rec: StepRecord,
-                            previous: StepInputs | None) -> Finding | None:
+                            previous: StepInputs | None, abort: BaseException | None) -> Finding | None:
         """Every rank takes the same decision from the all-reduced codes; the first rank pinpoints, all learn."""
-        from debug_nan.train.distributed import CODE_PHASE, PHASE_CODE, agree, broadcast
+        from debug_nan.train.distributed import ABORT_CODE, CODE_PHASE, PHASE_CODE, agree, broadcast
 
         codes = result.rank_codes
         top = max(codes)
         if top == 0:
             return None
         first = [r for r, c in enumerate(codes) if c == top]
+        src = first[0]
+        if top == ABORT_CODE:  # every rank stops; the first aborting rank says why
+            reason = broadcast(RunAborted.describe(abort) if self.dist.rank == src else None, src)
+            raise RunAborted(f"rank {src}: {reason[0]}", reason[1])
         if top == PHASE_CODE["grad"] and self.scaler is not None and rec is not None:
-            # every rank probes its own micro-batches without the loss scale; all agree on who is genuine
-            genuine = 0.0 if (self.scaler.get_scale() >= 1.0 and
-                              self.pinpointer.finite_without_scaling(inputs, micro)) else 1.0
+            # the ranks whose own gradients tripped probe them without the loss scale; all agree on the verdict
+            genuine = 1.0 if bad is not None and not (self.scaler.get_scale() >= 1.0 and
+                                                      self.pinpointer.finite_without_scaling(inputs, micro)) else 0.0
             verdict = agree(torch.tensor(genuine, device=self.device), self.dist).tolist()
             if max(verdict) == 0.0 and self.scaler_overflow(inputs, micro, rec, probe=True):
                 return None
-            first = [r for r, v in enumerate(verdict) if v > 0]
-        src = first[0]
+            first = [r for r, v in enumerate(verdict) if v > 0] or first
+            src = first[0]
         self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
                  f"rank {src} pinpoints, the others wait.", "red")
         outcome = None
-        if self.dist.rank == src:
-            try:
+        try:
+            if top == PHASE_CODE["param"]:
+                # every rank re-runs its share of the step and the gradients are averaged as in the run; the
+                # pinpointing rank then traces the optimizer step alone
+                outcome = self.pinpoint_trip(bad, None, previous, self.accum, previous, trace=self.dist.rank == src)
+            elif self.dist.rank == src:
                 outcome = self.pinpoint_trip(bad, error, inputs, micro, previous)
-            except TaskFailure as failure:
-                outcome = failure
-        outcome = broadcast(outcome, src)
-        if isinstance(outcome, TaskFailure):
+        except TaskFailure as failure:
+            outcome = failure
+        except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
+            outcome = RunAborted(f"rank {src} failed while pinpointing: {describe_exception(exc)}", 1)
+        outcome = broadcast(outcome if self.dist.rank == src else None, src)
+        if isinstance(outcome, (TaskFailure, RunAborted)):
             raise outcome
         if outcome is not None:
             outcome.rank, outcome.first_ranks = src, first
         return outcome
 
-    def allreduce_gradients(self, rec: StepRecord) -> list[torch.Tensor]:
-        """DDP: average the gradients over the ranks (every rank reaches this: nothing tripped anywhere), then
-        read their global norms for the history, the explosion check and clipping, identical on every rank."""
-        from debug_nan.train.distributed import allreduce_mean
+    def average_gradients(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """DDP: average the gradients over the ranks (every rank must call this). Returns the parameters that
+        have a gradient: one that no rank used stays None, as in a single process."""
+        from debug_nan.train.distributed import allreduce_mean, used_anywhere
 
-        named = [(n, p) for n, p in self.watch.named_params]
+        named = list(self.watch.named_params)
+        used = used_anywhere([p.grad is not None for _, p in named], self.dist)
+        named = [(n, p) for (n, p), u in zip(named, used) if u]
         for _, p in named:
-            if p.grad is None:  # unused on this rank this step: the others may have a gradient
+            if p.grad is None:  # unused on this rank only: the others have a gradient
                 p.grad = torch.zeros_like(p)
         allreduce_mean([p.grad for _, p in named], self.dist)
+        return named
+
+    def allreduce_gradients(self, rec: StepRecord) -> list[torch.Tensor]:
+        """DDP: average the gradients (nothing tripped anywhere, so every rank is here), then read their global
+        norms for the history, the explosion check and clipping, identical on every rank."""
+        named = self.average_gradients()
         norms = torch._foreach_norm([p.grad for _, p in named])
         values = torch.stack([n.double() for n in norms]).cpu().tolist()  # one more sync per step, DDP only
         rec.grad_norms = {name: v for (name, _), v in zip(named, values)}
@@ -405,7 +461,7 @@ class Trainer:
         parts = ", ".join(f"{k} {v:.4g}" for k, v in rec.parts.items())
         loss = f"loss {rec.loss:.5g}" + (f" ({parts})" if parts else "") if rec.loss is not None else "loss -"
         line = [loss]
-        if rec.grad_norm is not None:
+        if rec.grad_norm is not None and not rec.scaler_skipped:
             clip = self.s.max_grad_norm
             line.append(f"grad norm {rec.grad_norm:.4g}" + (f" (clipped to {clip:g})" if clip and
                                                              rec.grad_norm > clip else ""))

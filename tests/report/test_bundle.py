@@ -53,3 +53,27 @@ def test_not_a_bundle_is_exit_2(tmp_path):
     junk.write_text("nope")
     out = CliRunner().invoke(main, ["replay", str(junk)])
     assert out.exit_code == 2 and "is not a debug-nan repro bundle" in out.output
+
+
+def test_task_bundle_replays_where_the_task_file_is_gone(tmp_path, monkeypatch):
+    """The bundle carries the task file's text: replay from another folder after the file was deleted."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from debug_nan.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(SCENARIOS, work / "my_task.py")
+    monkeypatch.chdir(work)
+    CliRunner().invoke(main, ["--task", "my_task.py:masked_softmax", "--device", "cpu", "--report", "r.json"])
+    bundle = work / "debug-nan-bundle-step1-micro1.pt"
+    (work / "my_task.py").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = CliRunner().invoke(main, ["replay", str(bundle), "--report", "again.json"])
+    assert out.exit_code == 1, out.output
+    again = json.loads((elsewhere / "again.json").read_text())["first_nonfinite"]
+    assert (again["cause"], again["module"]) == ("all_masked_softmax", "attn")

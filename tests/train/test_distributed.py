@@ -21,13 +21,17 @@ def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedP
     return proc, time.perf_counter() - start
 
 
+def rank_exit_codes(proc) -> dict[str, str]:
+    """Each worker's exit code, from torchrun's failure summary."""
+    return dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", proc.stderr))
+
+
 def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_poisoned_rank1", "--device", "cpu", "--max-steps", "4",
                              "--report", "r.json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert seconds < 90  # no collective timeout: both ranks stopped at the same micro-batch
-    exit_codes = dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", proc.stderr))
-    assert exit_codes == {"0": "1", "1": "1"}, proc.stderr  # both processes exited 1
+    assert rank_exit_codes(proc) == {"0": "1", "1": "1"}, proc.stderr  # both processes exited 1
     report = json.loads((tmp_path / "r.json").read_text())
     f = report["first_nonfinite"]
     assert (f["rank"], f["first_ranks"], f["step"], f["micro_step"]) == (1, [1], 2, 1)
@@ -79,3 +83,22 @@ def test_loss_raising_before_the_model_runs_on_one_rank(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["first_nonfinite"] is None
     assert "KeyError" in report["error"] and "step 2, micro-batch 1" in report["error"]
+
+
+def test_bad_input_on_one_rank_stops_every_rank_with_exit_2(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:one_shot_generator", "--device", "cpu", "--max-steps", "4",
+                             "--report", "r.json", cwd=tmp_path)
+    assert seconds < 90, proc.stdout + proc.stderr  # torchrun itself exits 1 whenever a worker fails
+    assert rank_exit_codes(proc) == {"0": "2", "1": "2"}, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "error" and report["exit_code"] == 2
+    assert "one-shot generator" in report["error"]
+
+
+def test_optimizer_phase_replay_uses_the_averaged_gradients(tmp_path):
+    proc, _ = torchrun("--task", f"{SCENARIOS}:ddp_optimizer_overflow", "--device", "cpu", "--max-steps", "2",
+                       "--max-grad-norm", "0", "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    f = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
+    assert (f["step"], f["phase"], f["cause"]) == (1, "optimizer", "nonfinite_parameter")
+    assert f["op"] is not None and "weight" in f["explanation"]
