@@ -82,7 +82,7 @@ class Monitor:
         inputs = StepInputs(step=self.steps, batches=[batch], rng=[capture_rng(self.device)])
         if self.snapshots:
             inputs.snapshot = self.snapshots[self.steps % 2]
-            inputs.snapshot.save(self.steps)
+            inputs.snapshot.save()
         else:  # no optimizer: parameters are still restored for the replay
             inputs.snapshot = _ParamSnapshot(self.model)
         self.watch.watch_batch(batch)

@@ -76,9 +76,6 @@ class History:
             return last, floor
         return None
 
-    def grad_norm_series(self) -> list[float | None]:
-        return [r.grad_norm for r in self.steps]
-
     def to_dict(self) -> list[dict]:
         return [{"step": r.step, "loss": r.loss, "parts": r.parts, "grad_norm": r.grad_norm, "lr": r.lr,
                  "seconds": r.seconds, "peak_memory_mb": r.peak_memory_mb, "scaler_skipped": r.scaler_skipped,

@@ -61,7 +61,6 @@ class Snapshot:
         self._state_keys: list[tuple[torch.Tensor, str]] = []
         self._state_copies: list[torch.Tensor] = []
         self._other_state: dict = {}
-        self.step = 0
 
     def _state_tensors(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         out = []
@@ -71,8 +70,7 @@ class Snapshot:
                     out.append((p, key, value))
         return out
 
-    def save(self, step: int) -> None:
-        self.step = step
+    def save(self) -> None:
         with torch.no_grad():
             torch._foreach_copy_(self._param_copies, [p.detach() for p in self._params])
             for saved, b in zip(self._buffer_copies, self._buffers):

@@ -72,15 +72,6 @@ class Collator:
         }
 
 
-def epoch_batches(n_samples: int, batch_size: int, seed: int):
-    """Endless stream of index lists: a seeded shuffle per epoch, last incomplete batch dropped."""
-    rng = np.random.default_rng(seed)
-    while True:
-        order = rng.permutation(n_samples)
-        for start in range(0, n_samples - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
-
-
 @dataclass
 class BatchCheck:
     """The data checks of one batch; `problems` lists what is wrong (empty = all good)."""

@@ -64,10 +64,10 @@ def tokenize(sequences: list[str], ids: list[str] | None = None) -> tuple[np.nda
     tokens = np.zeros((n, ASV_LEN), dtype=np.uint8)
     if n == 0:
         return tokens, report
-    encoded = np.array([s.encode("ascii", "replace") for s in sequences], dtype=object)
-    lengths = np.fromiter((len(s) for s in encoded), dtype=np.int64, count=n)
+    encoded = [s.encode("ascii", "replace") for s in sequences]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
     width = max(int(lengths.max()), 1)
-    raw = np.array(encoded.tolist(), dtype=f"S{width}").view(np.uint8).reshape(n, width)
+    raw = np.array(encoded, dtype=f"S{width}").view(np.uint8).reshape(n, width)
     mapped = _LOOKUP[raw]
     bad = mapped == _INVALID
     if bad.any():

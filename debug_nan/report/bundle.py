@@ -116,7 +116,7 @@ def replay_bundle(path: str, device_spec: str, log) -> tuple[Finding | None, dic
     if b.get("scheduler"):
         trainer.scheduler.load_state_dict(b["scheduler"])
     snapshot = trainer.snapshots[0]
-    snapshot.save(b["step"])
+    snapshot.save()
     inputs = StepInputs(step=b["step"], batches=b["batches"], rng=b["rng"], snapshot=snapshot)
     check = Check(**b["check"]) if b["check"] else None
     log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b['device']} "

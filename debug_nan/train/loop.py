@@ -264,7 +264,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         snapshot = self.snapshots[step % 2]
-        snapshot.save(step)
+        snapshot.save()
         inputs = StepInputs(step=step, batches=[], rng=[], snapshot=snapshot)
         rec = self.history.begin(step)
         rec.lr = self.optimizer.param_groups[0]["lr"]
