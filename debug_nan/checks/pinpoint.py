@@ -17,7 +17,7 @@ from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows, diagnose
 from debug_nan.checks.snapshot import Snapshot, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to, tensor_stats
 from debug_nan.checks.tracer import OpEvent, StopReplay, Tracer
-from debug_nan.checks.watch import Check
+from debug_nan.checks.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
 from debug_nan.report.finding import Finding
 
@@ -192,12 +192,8 @@ class Pinpointer:
 
     def _optimizer_explanation(self, event: OpEvent, evidence: str) -> tuple[str | None, str]:
         """(parameter name, explanation) for an origin inside the optimizer step."""
-        names = {}
-        for name, p in self.t.model.named_parameters():
-            names[p.data_ptr()] = name
-            for key, value in self.t.optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    names[value.data_ptr()] = f"{name} (optimizer {key})"
+        names = {t.data_ptr(): name
+                 for name, t in param_and_state_tensors(self.t.model.named_parameters(), self.t.optimizer)}
         hit = [names.get(tensor.data_ptr()) for _, tensor in event.outputs
                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         hit = [h for h in hit if h]

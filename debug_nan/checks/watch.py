@@ -71,6 +71,18 @@ class MicroResult:
         return next((c.value for c in self.checks if c.kind == "loss"), None)
 
 
+def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every parameter and every floating optimizer state tensor ("w (optimizer exp_avg)")."""
+    out = []
+    for name, p in named_params:
+        out.append((name, p.detach()))
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                out.append((f"{name} (optimizer {key})", value.detach()))
+    return out
+
+
 class Watch:
     """Forward hooks on every module of `model` plus explicit calls for batch, loss, gradients and parameters."""
 
@@ -139,17 +151,9 @@ class Watch:
 
     def watch_params(self) -> None:
         """After an optimizer step: max |x| of every parameter and optimizer state tensor."""
-        tensors, names = [], []
-        for name, p in self.named_params:
-            tensors.append(p.detach())
-            names.append(name)
-            state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    tensors.append(value.detach())
-                    names.append(f"{name} (optimizer {key})")
-        if tensors:
-            for name, norm in zip(names, torch._foreach_norm(tensors, INF)):
+        named = param_and_state_tensors(self.named_params, self.optimizer)
+        if named:
+            for (name, _), norm in zip(named, torch._foreach_norm([t for _, t in named], INF)):
                 self._add("param", name, norm)
 
     def sync(self, dist_ctx=None, raised: bool = False, abort: bool = False) -> MicroResult:
