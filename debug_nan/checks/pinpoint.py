@@ -55,6 +55,20 @@ class Pinpointer:
         self.t = trainer
 
     # -- replay -------------------------------------------------------------------------------------------------
+    def _rerun(self, inputs: StepInputs, count: int, scaled: bool) -> None:
+        """From the snapshot, forward + backward of the step's first `count` micro-batches, each with its RNG
+        state (with the fp16 loss scale, as in the run, or without it)."""
+        t = self.t
+        inputs.snapshot.restore()
+        t.model.zero_grad(set_to_none=True)
+        for i in range(count):
+            restore_rng(inputs.rng[i], t.device)
+            loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
+            if scaled:
+                t.backward(loss)
+            else:
+                (loss / t.accum).backward()
+
     def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
         """Restore the snapshot and re-run the step up to the failing point -> (tracer, exception, batch).
 
@@ -67,13 +81,7 @@ class Pinpointer:
         exc = tracer = None
         batch = None
         try:
-            inputs.snapshot.restore()
-            t.model.zero_grad(set_to_none=True)
-            plain = micro if optimizer else micro - 1
-            for i in range(plain):
-                restore_rng(inputs.rng[i], t.device)
-                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
-                t.backward(loss)
+            self._rerun(inputs, micro if optimizer else micro - 1, scaled=True)
             if optimizer and getattr(t, "dist", None) is not None:
                 t.average_gradients()
             if not trace:
@@ -108,12 +116,7 @@ class Pinpointer:
         t = self.t
         t.watch.enabled = False
         try:
-            inputs.snapshot.restore()
-            t.model.zero_grad(set_to_none=True)
-            for i in range(micro):
-                restore_rng(inputs.rng[i], t.device)
-                loss, _ = t.compute_loss(move_to(inputs.batches[i], t.device), replay=True)
-                (loss / t.accum).backward()
+            self._rerun(inputs, micro, scaled=False)
             grads = [p.grad.detach() for p in t.model.parameters() if p.grad is not None]
             return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
         except (KeyboardInterrupt, torch.OutOfMemoryError):
