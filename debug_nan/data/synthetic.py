@@ -16,7 +16,7 @@ from debug_nan.data.progress import Phase, available_memory, human_bytes
 from debug_nan.data.tokens import MAX_BASES, tokenize
 from debug_nan.errors import InputError
 
-BASES = np.array(list("ACGT"))
+LETTERS = np.frombuffer(b"ACGT", dtype=np.uint8)  # base code 0..3 -> ASCII byte
 # Peak memory of synthesize(), measured with /usr/bin/time on CPython 3.11 / skbio 0.7 (48 and 480 samples, token
 # limits 2,000 to 100,000): about 1.5 KB per ASV (tree node, sequence, tokens) and 64 bytes per non-zero count.
 BYTES_PER_ASV = 1536
@@ -97,7 +97,7 @@ def _synthesize(n_samples: int, token_limit: int, seed: int, reason: str) -> Dat
     root, tips = random_tree(n_asvs, rng)
     evolve_sequences(root, rng)
     lengths = rng.integers(MAX_BASES - 30, MAX_BASES + 1, size=n_asvs)  # reads of 120-150 bases
-    seqs = ["".join(BASES[tip.seq[:n]]) for tip, n in zip(tips, lengths)]
+    seqs = [LETTERS[tip.seq[:n]].tobytes().decode("ascii") for tip, n in zip(tips, lengths)]
     # sequences must be unique to serve as IDs: nudge rare collisions with one extra substitution
     seen: set[str] = set()
     for k, s in enumerate(seqs):
