@@ -82,6 +82,15 @@ def json_duplicate_observation(d, data):
     (d / "table.biom").write_text(json.dumps(parsed))
 
 
+def json_sample_renamed(raw: bytes):
+    """A JSON table whose first sample ID is the raw bytes `raw` (e.g. Latin-1, not UTF-8)."""
+    def write(d, data):
+        good(d, data, "json")
+        blob = (d / "table.biom").read_bytes()
+        (d / "table.biom").write_bytes(blob.replace(b'"id": "S1"', b'"id": "' + raw + b'"', 1))
+    return write
+
+
 def with_tree(edit):
     """The tree written after `edit(tree)` changed its copy."""
     def write(d, data):
@@ -277,6 +286,8 @@ CASES = [
     Case("table-symlink-loop-via-table", table_link_loop, ("--table", "{d}/table.biom"), 2, "symbolic link loop"),
     Case("truncated-hdf5", truncated("table.biom"), DATA_DIR, 2, "is a truncated HDF5 file"),
     Case("truncated-json", truncated("table.biom", "json", 0.8), DATA_DIR, 2, "the JSON ends early"),
+    Case("biom-json-not-utf8", json_sample_renamed(b"caf\xe9"), DATA_DIR, 2,
+         "table.biom (JSON) is not UTF-8 text: line 1, column"),
     Case("not-biom-at-all", lambda d, data: (good(d, data), (d / "table.biom").write_text("hello\n")), DATA_DIR, 2,
          "could not be read"),
     Case("two-tables", lambda d, data: (good(d, data), write_biom(data, d / "b.biom")), DATA_DIR, 2,

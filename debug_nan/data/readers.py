@@ -61,11 +61,15 @@ def read_text(path: Path, what: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise InputError(f"{what} {path} is not UTF-8 text: line {line}, column {column} holds the byte "
-                         f"0x{data[exc.start]:02X} ({exc.reason}). It is a plain-text format; fix that line (often a "
-                         f"name typed in another encoding, e.g. Latin-1) or export the file again.") from None
+        raise InputError(_not_utf8(f"{what} {path}", data, exc)) from None
+
+
+def _not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> str:
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return (f"{what} is not UTF-8 text: line {line}, column {column} holds the byte 0x{data[exc.start]:02X} "
+            f"({exc.reason}). It is a plain-text format; fix that line (often a name typed in another encoding, "
+            f"e.g. Latin-1) or export the file again.")
 
 
 # --- BIOM -----------------------------------------------------------------------------------------------------------
@@ -108,7 +112,11 @@ def _biom_failure(path: Path, exc: Exception) -> str:
             return (f"{prefix}: it is an HDF5 file but not a BIOM table (no {exc.args[0]!r}); {formats}")
         return f"{prefix}: it is a damaged HDF5 file ({type(exc).__name__}: {exc}). {formats}"
     if data.lstrip().startswith(b"{"):
-        text = data.decode("utf-8", "replace")
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return _not_utf8(f"BIOM table {path} (JSON)", data, bad)
+        text = data.decode("utf-8")
         if isinstance(exc, json.JSONDecodeError):
             if _JSON_NONFINITE.search(text):
                 _raise_json_counts(path, text)
