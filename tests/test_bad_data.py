@@ -232,24 +232,24 @@ def empty_samples_table(d, data):
 
 CASES = [
     # counts
-    Case("nan-count-hdf5", with_count(np.nan), DATA_DIR, 2, "holds non-finite counts (NaN or Inf): 1 counts in 1 "
-                                                             "samples, e.g. sample 'S3'"),
+    Case("nan-count-hdf5", with_count(np.nan), DATA_DIR, 2, "holds non-finite counts (NaN or Inf): 1 count in 1 "
+                                                             "sample, e.g. sample 'S3'"),
     Case("inf-count-hdf5", with_count(np.inf), DATA_DIR, 2, "= inf"),
     Case("nan-count-json", with_count(np.nan, fmt="json"), DATA_DIR, 2, "holds non-finite counts"),
-    Case("negative-count", with_count(-3.0), DATA_DIR, 2, "holds negative counts: 1 counts in 1 samples"),
+    Case("negative-count", with_count(-3.0), DATA_DIR, 2, "holds negative counts: 1 count in 1 sample"),
     Case("all-counts-zero", with_counts(lambda c: c * 0), DATA_DIR, 2, "is empty (72 observations x 24 samples, "
                                                                         "total count 0)"),
     Case("no-samples", no_samples, DATA_DIR, 2, "is empty (72 observations x 0 samples"),
     Case("fractional-counts-with-rarefy", with_counts(lambda c: c / 7), (*DATA_DIR, "--rarefy-depth", "5"), 2,
          "--rarefy-depth 5 needs integer read counts"),
     # IDs
-    Case("duplicate-sample-ids", hdf5_ids("sample"), DATA_DIR, 2, "has 1 duplicate sample IDs: 'S1' (2 times)"),
-    Case("duplicate-observation-ids-hdf5", hdf5_ids("observation"), DATA_DIR, 2, "has 1 duplicate observation IDs"),
-    Case("duplicate-observation-ids-json", json_duplicate_observation, DATA_DIR, 2, "1 duplicate observation IDs"),
+    Case("duplicate-sample-ids", hdf5_ids("sample"), DATA_DIR, 2, "has 1 duplicate sample ID: 'S1' (2 times)"),
+    Case("duplicate-observation-ids-hdf5", hdf5_ids("observation"), DATA_DIR, 2, "has 1 duplicate observation ID"),
+    Case("duplicate-observation-ids-json", json_duplicate_observation, DATA_DIR, 2, "1 duplicate observation ID:"),
     # tree
-    Case("duplicate-tip-names", with_tree(_duplicate_tip), DATA_DIR, 2, "has 1 duplicate tip names"),
-    Case("negative-branch-length", with_tree(_first_tip_length(-0.25)), DATA_DIR, 2, "1 negative branch lengths"),
-    Case("nan-branch-length", with_tree(_first_tip_length(float("nan"))), DATA_DIR, 2, "NaN or Inf: "),
+    Case("duplicate-tip-names", with_tree(_duplicate_tip), DATA_DIR, 2, "has 1 duplicate tip name:"),
+    Case("negative-branch-length", with_tree(_first_tip_length(-0.25)), DATA_DIR, 2, "1 negative branch length:"),
+    Case("nan-branch-length", with_tree(_first_tip_length(float("nan"))), DATA_DIR, 2, "1 non-finite branch length (NaN or Inf)"),
     Case("all-branch-lengths-zero", with_tree(_set_lengths(0.0)), DATA_DIR, 2, "all 142 branch lengths are 0"),
     Case("no-branch-lengths", with_tree(_set_lengths(None)), DATA_DIR, 2, "has no branch lengths (a topology only"),
     Case("most-branch-lengths-missing", with_tree(_most_lengths_missing), DATA_DIR, 2,
@@ -262,13 +262,13 @@ CASES = [
     Case("tree-dangling-link", tree_dangling_link, DATA_DIR, 2, "which does not exist"),
     # sequences
     Case("fasta-duplicate-id", hashed(lambda i, s: _fasta(i, s) + f">{i[0]}\n{s[0]}\n"),
-         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "1 IDs that occur more than once"),
+         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "has 1 repeated ID:"),
     Case("fasta-empty-sequence", hashed(lambda i, s: _fasta(i, ["", *s[1:]])),
-         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "1 ASVs have an empty sequence"),
+         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "1 ASV with an empty sequence"),
     Case("fasta-all-ambiguous", hashed(lambda i, s: _fasta(i, ["N" * 140, "RYN" * 40, *s[2:]])),
-         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "2 ASV sequences are made only of ambiguous bases"),
+         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "2 ASV sequences made only of ambiguous bases"),
     Case("fasta-aligned-gaps", hashed(lambda i, s: _fasta(i, ["--" + x + ".." for x in s])),
-         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "72 ASV sequences contain alignment gaps"),
+         (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "72 ASV sequences with alignment gaps"),
     Case("fasta-not-utf8", hashed(lambda i, s: _fasta(i, s).replace(f">{i[3]}", f">{i[3]} \udce9t\udce9", 1)),
          (*DATA_DIR, "--sequences", "{d}/seqs.fasta"), 2, "is not UTF-8 text: line 7, column 35 holds the byte 0xE9"),
     Case("fasta-missing-ids", hashed(lambda i, s: _fasta(i[:-2], s[:-2])),
@@ -276,7 +276,7 @@ CASES = [
     Case("fasta-is-a-fifo", fasta_fifo, (*DATA_DIR, "--sequences", "{d}/pipe"), 2,
          "is a FIFO, not a regular file"),
     Case("hashed-ids-without-fasta", hashed(_fasta), DATA_DIR, 2, "look like hashes, not DNA"),
-    Case("ids-with-gaps", renamed_ids(lambda s: s[:10] + "-" + s[10:]), DATA_DIR, 2, "contain alignment gaps"),
+    Case("ids-with-gaps", renamed_ids(lambda s: s[:10] + "-" + s[10:]), DATA_DIR, 2, "(observation IDs): 72 ASV sequences with alignment gaps"),
     Case("ids-not-dna", renamed_ids(lambda s: "OTU_" + hashlib.md5(s.encode()).hexdigest()[:6]), DATA_DIR, 2,
          "contain characters that are not DNA"),
     # files and folders

@@ -16,7 +16,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from debug_nan.data.validation import check_counts, check_unique_ids, some
+from debug_nan.data.validation import check_counts, check_unique_ids, counted, some
 from debug_nan.errors import InputError
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -172,7 +172,7 @@ def _raise_duplicate_ids(path: Path, data: bytes) -> None:
         return
     for axis, fix in (("sample", "merge them (`qiime feature-table merge`, `biom` collapse) or rename them."),
                       ("observation", "merge those features (e.g. sum their counts) or rename them.")):
-        check_unique_ids(ids.get(axis, []), f"{axis} IDs", f"BIOM table {path}", fix)
+        check_unique_ids(ids.get(axis, []), f"{axis} ID", f"BIOM table {path}", fix)
 
 
 # --- Newick ---------------------------------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def read_fasta(path: str | Path) -> dict[str, str]:
         shown = ", ".join(f"{i[:40]!r} (lines {', '.join(map(str, lines[:4]))})" for i, lines in
                           list(repeated.items())[:3])
         more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
-        raise InputError(f"FASTA {path} has {len(repeated)} IDs that occur more than once: {shown}{more}. Each ID "
+        raise InputError(f"FASTA {path} has {counted(len(repeated), 'repeated ID')}: {shown}{more}. Each ID "
                          f"must name one sequence (QIIME 2 refuses such a file); remove the duplicate records.")
     if not chunks:
         raise InputError(f"FASTA {path} holds no sequences.")

@@ -27,6 +27,11 @@ def some(items, n: int = 3, width: int = 40) -> str:
     return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def counted(n: int, noun: str) -> str:
+    """counted(1, 'count') -> '1 count'; counted(3, 'count') -> '3 counts'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "es" if noun.endswith(("ch", "sh", "s", "x")) else "s")
+
+
 def duplicates(ids) -> dict[str, int]:
     """{id: occurrences} of the IDs that occur more than once, in first-seen order (None ignored)."""
     counts = Counter(i for i in ids if i is not None)
@@ -34,12 +39,12 @@ def duplicates(ids) -> dict[str, int]:
 
 
 def check_unique_ids(ids, what: str, where: str, fix: str) -> None:
-    """what: e.g. 'sample IDs'; where: e.g. 'BIOM table x.biom'. Raises when an ID occurs twice."""
+    """what: e.g. 'sample ID'; where: e.g. 'BIOM table x.biom'. Raises when an ID occurs twice."""
     dup = duplicates(ids)
     if dup:
         shown = ", ".join(f"{i[:40]!r} ({c} times)" for i, c in list(dup.items())[:3])
         more = f" and {len(dup) - 3} more" if len(dup) > 3 else ""
-        raise InputError(f"{where} has {len(dup)} duplicate {what}: {shown}{more}. Every ID must be unique "
+        raise InputError(f"{where} has {counted(len(dup), 'duplicate ' + what)}: {shown}{more}. Every ID must be unique "
                          f"(biom-format, scikit-bio and QIIME 2 refuse duplicates); {fix}")
 
 
@@ -51,7 +56,7 @@ def _entries(counts: sp.csr_matrix, mask: np.ndarray, sample_ids: list[str], asv
     shown = "; ".join(f"sample {sample_ids[r]!r} / ASV {some([asv_ids[c]], width=30)} = {v:g}"
                       for r, c, v in zip(rows[:3], cols[:3], values[:3]))
     samples = np.unique(rows).size
-    return f"{int(mask.sum())} counts in {samples} samples, e.g. {shown}"
+    return f"{counted(int(mask.sum()), 'count')} in {counted(samples, 'sample')}, e.g. {shown}"
 
 
 def check_counts(counts: sp.csr_matrix, sample_ids: list[str], asv_ids: list[str], path) -> list[str]:
@@ -97,7 +102,7 @@ def check_tree(tree, path) -> list[str]:
 
     Branches without a length (a few) are set to 0 on this in-memory tree, so every UniFrac backend sees the same
     tree, and reported as a NOTICE."""
-    check_unique_ids((t.name for t in tree.tips()), "tip names", f"Tree {path}",
+    check_unique_ids((t.name for t in tree.tips()), "tip name", f"Tree {path}",
                      "rename them (each tip is one ASV) or rebuild the tree from the table's sequences.")
     nodes = list(tree.traverse(include_self=False))  # the root's own length is no branch of the tree
     if not nodes:
@@ -106,12 +111,13 @@ def check_tree(tree, path) -> list[str]:
     lengths = np.array([np.nan if n.length is None else n.length for n in nodes], dtype=np.float64)
     nonfinite = ~missing & ~np.isfinite(lengths)
     if nonfinite.any():
-        raise InputError(f"Tree {path} has {int(nonfinite.sum())} branch lengths that are NaN or Inf: "
+        raise InputError(f"Tree {path} has {counted(int(nonfinite.sum()), 'non-finite branch length')} (NaN or Inf): "
                          f"{_branches(nodes, nonfinite)}. UniFrac sums branch lengths, so every distance would be "
                          f"non-finite; fix or rebuild the tree.")
     negative = ~missing & (lengths < 0)
     if negative.any():
-        raise InputError(f"Tree {path} has {int(negative.sum())} negative branch lengths: {_branches(nodes, negative)}. "
+        raise InputError(f"Tree {path} has {counted(int(negative.sum()), 'negative branch length')}: "
+                         f"{_branches(nodes, negative)}. "
                          f"UniFrac sums branch lengths, so distances would fall outside 0..1 (scikit-bio refuses such "
                          f"a tree). Neighbor-joining can produce them: rebuild the tree (e.g. QIIME 2 `phylogeny "
                          f"align-to-tree-mafft-fasttree`) or set those lengths to 0.")
@@ -151,15 +157,16 @@ def check_sequences(ids: list[str], sequences: list[str], source) -> None:
     """Empty sequences, alignment gaps and sequences made only of ambiguous bases (N, R, Y, ...) raise."""
     empty = [i for i, s in zip(ids, sequences) if not s]
     if empty:
-        raise InputError(f"{source}: {len(empty)} ASVs have an empty sequence: {some(empty)}. Every ASV needs its "
+        raise InputError(f"{source}: {counted(len(empty), 'ASV')} with an empty sequence: {some(empty)}. Every ASV needs its "
                          f"DNA sequence (QIIME 2 refuses empty sequences); remove those features or fix the file.")
     gapped = [i for i, s in zip(ids, sequences) if "-" in s or "." in s]
     if gapped:
-        raise InputError(f"{source}: {len(gapped)} ASV sequences contain alignment gaps ('-' or '.'): "
+        raise InputError(f"{source}: {counted(len(gapped), 'ASV sequence')} with alignment gaps ('-' or '.'): "
                          f"{some(gapped)}. These look like aligned sequences (QIIME 2's aligned-dna-sequences); pass "
                          f"the unaligned ones (dna-sequences.fasta from `qiime tools export` of the rep-seqs).")
     ambiguous = [i for i, s in zip(ids, sequences) if not s.strip(AMBIGUOUS)]
     if ambiguous:
-        raise InputError(f"{source}: {len(ambiguous)} ASV sequences are made only of ambiguous bases (N, R, Y, ...): "
+        raise InputError(f"{source}: {counted(len(ambiguous), 'ASV sequence')} made only of ambiguous bases (N, R, Y, "
+                         f"...): "
                          f"{some(ambiguous)}. They carry no nucleotide to learn from and tokenise to padding only; "
                          f"remove those features (e.g. `qiime feature-table filter-features`).")

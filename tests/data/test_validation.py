@@ -45,7 +45,7 @@ def _write_hdf5(table, path):
 def test_non_finite_counts_name_sample_and_asv(value, word):
     with pytest.raises(InputError, match="non-finite counts") as err:
         check_counts(_counts([[1, 2], [3, value], [0, 1]]), SAMPLES, ASVS, "t.biom")
-    assert f"1 counts in 1 samples, e.g. sample 'S2' / ASV 'CCCC' = {word}" in str(err.value)
+    assert f"1 count in 1 sample, e.g. sample 'S2' / ASV 'CCCC' = {word}" in str(err.value)
 
 
 def test_negative_counts_are_counted_and_named():
@@ -76,9 +76,9 @@ def test_zero_read_samples_and_asvs_are_dropped_with_a_notice():
 
 def test_duplicate_ids_are_named_with_their_count():
     with pytest.raises(InputError) as err:
-        check_unique_ids(["a", "b", "a", "c", "a", "b"], "sample IDs", "BIOM table t.biom", "rename them.")
+        check_unique_ids(["a", "b", "a", "c", "a", "b"], "sample ID", "BIOM table t.biom", "rename them.")
     assert "BIOM table t.biom has 2 duplicate sample IDs: 'a' (3 times), 'b' (2 times)." in str(err.value)
-    check_unique_ids(["a", "b"], "sample IDs", "x", "y")
+    check_unique_ids(["a", "b"], "sample ID", "x", "y")
 
 
 @pytest.mark.parametrize("axis, path", [("sample", "sample/ids"), ("observation", "observation/ids")])
@@ -87,7 +87,7 @@ def test_duplicate_ids_in_hdf5_biom(tmp_path, axis, path):
     f = _write_hdf5(table, tmp_path / "t.biom")
     with h5py.File(f, "r+") as handle:
         handle[path][1] = handle[path][0]
-    with pytest.raises(InputError, match=f"t.biom has 1 duplicate {axis} IDs: '[os]1' \\(2 times\\)"):
+    with pytest.raises(InputError, match=f"t.biom has 1 duplicate {axis} ID: '[os]1' \\(2 times\\)"):
         load_biom(f)
 
 
@@ -96,7 +96,7 @@ def test_duplicate_ids_in_json_biom(tmp_path):
     parsed = json.loads(table.to_json("test"))
     parsed["rows"][1]["id"] = "o1"
     (tmp_path / "t.biom").write_text(json.dumps(parsed))
-    with pytest.raises(InputError, match="has 1 duplicate observation IDs: 'o1' \\(2 times\\)"):
+    with pytest.raises(InputError, match="has 1 duplicate observation ID: 'o1' \\(2 times\\)"):
         load_biom(tmp_path / "t.biom")
 
 
@@ -166,7 +166,7 @@ def test_truncated_newick_and_non_utf8_bytes(tmp_path):
 # --- tree ---------------------------------------------------------------------------------------------------------
 
 def test_duplicate_tip_names():
-    with pytest.raises(InputError, match="Tree t.nwk has 1 duplicate tip names: 'a' \\(2 times\\)"):
+    with pytest.raises(InputError, match="Tree t.nwk has 1 duplicate tip name: 'a' \\(2 times\\)"):
         check_tree(_tree("((a:1,b:2):1,(a:1,c:2):1);"), "t.nwk")
 
 
@@ -174,7 +174,7 @@ def test_negative_and_non_finite_branch_lengths():
     with pytest.raises(InputError, match=r"2 negative branch lengths: 'b' \(-2\), the internal node above 'c', 'd' "
                                          r"\(-0.5\)"):
         check_tree(_tree("((a:1,b:-2):1,(c:1,d:2):-0.5);"), "t.nwk")
-    with pytest.raises(InputError, match=r"1 branch lengths that are NaN or Inf: 'c' \(inf\)"):
+    with pytest.raises(InputError, match=r"1 non-finite branch length \(NaN or Inf\): 'c' \(inf\)"):
         check_tree(_tree("((a:1,b:2):1,c:inf);"), "t.nwk")
 
 
@@ -209,18 +209,18 @@ def test_zero_length_left_after_shearing_to_the_table():
 
 def test_empty_gapped_and_all_ambiguous_sequences():
     check_sequences(["x", "y"], ["ACGT", "ACNNT"], "FASTA s.fa")
-    with pytest.raises(InputError, match="FASTA s.fa: 1 ASVs have an empty sequence: 'y'"):
+    with pytest.raises(InputError, match="FASTA s.fa: 1 ASV with an empty sequence: 'y'"):
         check_sequences(["x", "y"], ["ACGT", ""], "FASTA s.fa")
-    with pytest.raises(InputError, match="2 ASV sequences contain alignment gaps .*'x', 'y'.*aligned"):
+    with pytest.raises(InputError, match="2 ASV sequences with alignment gaps .*'x', 'y'.*aligned"):
         check_sequences(["x", "y", "z"], ["AC-GT", "AC..GT", "ACGT"], "FASTA s.fa")
-    with pytest.raises(InputError, match="1 ASV sequences are made only of ambiguous bases .*'z'"):
+    with pytest.raises(InputError, match="1 ASV sequence made only of ambiguous bases .*'z'"):
         check_sequences(["x", "z"], ["ACGT", "NNNRYn"], "FASTA s.fa")
 
 
 def test_fasta_duplicates_bad_bytes_and_headers(tmp_path):
     fa = tmp_path / "s.fasta"
     fa.write_text(">a\nACGT\n>b desc\nCC\nGG\n>a\nTTTT\n")
-    with pytest.raises(InputError, match=r"s.fasta has 1 IDs that occur more than once: 'a' \(lines 1, 6\)"):
+    with pytest.raises(InputError, match=r"s.fasta has 1 repeated ID: 'a' \(lines 1, 6\)"):
         read_fasta(fa)
     fa.write_bytes(b">a\nACGT\n>b caf\xc3\xa9\nCC\n>c \xff\nGG\n")
     with pytest.raises(InputError, match="s.fasta is not UTF-8 text: line 5, column 4 holds the byte 0xFF"):
