@@ -298,6 +298,8 @@ CASES = [
     Case("data-dir-with-qza", only("table.qza"), DATA_DIR, 2, "must be exported first"),
     Case("config-data-dir-missing", config_with_missing_data_dir, ("--config", "{d}/job.toml"), 2,
          "--data-dir no-such-folder does not exist"),
+    Case("sequences-without-table", hashed(_fasta), ("--sequences", "{d}/seqs.fasta"), 2,
+         "seqs.fasta was given but no BIOM table"),
     Case("synthetic-too-large", nothing, ("--token-limit", "100000000"), 2,
          "Synthetic data for --token-limit 100000000 would need about"),
     # accepted with a NOTICE

@@ -72,6 +72,9 @@ def load_or_synthesize(s: RunSettings, log) -> Dataset:
     if table is None:
         if tree is not None:
             raise InputError(f"Found tree {tree} but no BIOM table (*.biom) in {s.data_dir}; pass --table FILE.")
+        if s.sequences:
+            raise InputError(f"--sequences {s.sequences} was given but no BIOM table: {s.data_dir} has none; pass "
+                             f"--table FILE (or --data-dir) with the table whose IDs the FASTA maps.")
         where = "has no *.biom table" if Path(s.data_dir).is_dir() else "does not exist"
         return synthesize(s.synthetic_samples, s.token_limit, s.seed, log,
                           reason=f"No --table given and {s.data_dir} (the default --data-dir) {where}")
