@@ -12,9 +12,41 @@ import numpy as np
 import scipy.sparse as sp
 
 from debug_nan.data.loading import Dataset
+from debug_nan.data.progress import Phase, available_memory, human_bytes
 from debug_nan.data.tokens import MAX_BASES, tokenize
+from debug_nan.errors import InputError
 
-BASES = np.array(list("ACGT"))
+LETTERS = np.frombuffer(b"ACGT", dtype=np.uint8)  # base code 0..3 -> ASCII byte
+# Peak memory of synthesize(), measured with /usr/bin/time on CPython 3.11 / skbio 0.7 (48 and 480 samples, token
+# limits 2,000 to 100,000): about 1.5 KB per ASV (tree node, sequence, tokens) and 64 bytes per non-zero count.
+BYTES_PER_ASV = 1536
+BYTES_PER_COUNT = 64
+
+
+def synthetic_shape(n_samples: int, token_limit: int) -> tuple[int, np.ndarray]:
+    """(number of ASVs, richness per sample [S] before shuffling) of the synthetic table."""
+    n_asvs = max(3 * token_limit, 64)
+    richness = np.linspace(max(1, token_limit // 8), min(2 * token_limit, n_asvs - 1), n_samples).astype(int)
+    return n_asvs, richness
+
+
+def estimate_synthetic_bytes(n_samples: int, token_limit: int) -> int:
+    """Peak memory that synthesize(n_samples, token_limit) needs on top of the interpreter, in bytes."""
+    n_asvs, richness = synthetic_shape(n_samples, token_limit)
+    return int(BYTES_PER_ASV * n_asvs + BYTES_PER_COUNT * int(richness.sum()))
+
+
+def check_synthetic_fits(n_samples: int, token_limit: int, available: int | None) -> int:
+    """The estimate in bytes; InputError when it clearly exceeds the `available` memory (None: unknown)."""
+    need = estimate_synthetic_bytes(n_samples, token_limit)
+    if available is not None and need > available:
+        n_asvs, _ = synthetic_shape(n_samples, token_limit)
+        raise InputError(
+            f"Synthetic data for --token-limit {token_limit} would need about {human_bytes(need)} of memory "
+            f"({n_samples} samples x {n_asvs:,} ASVs: the synthetic table has 3 ASVs per token-limit slot, on a "
+            f"random tree), but only {human_bytes(available)} is available. Lower --token-limit (or "
+            f"--synthetic-samples), or debug your own data with --data-dir / --table.")
+    return need
 
 
 def random_tree(n_tips: int, rng: np.random.Generator):
@@ -44,14 +76,28 @@ def evolve_sequences(root, rng: np.random.Generator, rate: float = 1.0) -> None:
         node.seq = seq
 
 
-def synthesize(n_samples: int, token_limit: int, seed: int) -> Dataset:
-    """A Dataset of n_samples with richness from ~token_limit/8 to ~2 x token_limit (at least 1)."""
+def synthesize(n_samples: int, token_limit: int, seed: int, log=None,
+               reason: str = "No BIOM table/tree found") -> Dataset:
+    """A Dataset of n_samples with richness from ~token_limit/8 to ~2 x token_limit (at least 1).
+
+    First the size is estimated (InputError when it clearly cannot fit in memory), and `log` gets a line with the
+    size before the work and one with the time after it: a large token limit takes minutes."""
+    need = check_synthetic_fits(n_samples, token_limit, available_memory())
+    n_asvs, richness = synthetic_shape(n_samples, token_limit)
+    with Phase(log, f"Synthesizing {n_samples} samples x {n_asvs:,} ASVs (token limit {token_limit}, about "
+                    f"{human_bytes(need)} of memory)") as phase:
+        data = _synthesize(n_samples, token_limit, seed, reason)
+        phase.done(f"Synthesized {n_samples} samples x {n_asvs:,} ASVs ({data.counts.nnz:,} non-zero counts)")
+    return data
+
+
+def _synthesize(n_samples: int, token_limit: int, seed: int, reason: str) -> Dataset:
     rng = np.random.default_rng(seed)
-    n_asvs = max(3 * token_limit, 64)
+    n_asvs, richness = synthetic_shape(n_samples, token_limit)
     root, tips = random_tree(n_asvs, rng)
     evolve_sequences(root, rng)
     lengths = rng.integers(MAX_BASES - 30, MAX_BASES + 1, size=n_asvs)  # reads of 120-150 bases
-    seqs = ["".join(BASES[tip.seq[:n]]) for tip, n in zip(tips, lengths)]
+    seqs = [LETTERS[tip.seq[:n]].tobytes().decode("ascii") for tip, n in zip(tips, lengths)]
     # sequences must be unique to serve as IDs: nudge rare collisions with one extra substitution
     seen: set[str] = set()
     for k, s in enumerate(seqs):
@@ -65,7 +111,6 @@ def synthesize(n_samples: int, token_limit: int, seed: int) -> Dataset:
     for node in root.traverse(include_self=True):
         del node.seq
 
-    richness = np.linspace(max(1, token_limit // 8), min(2 * token_limit, n_asvs - 1), n_samples).astype(int)
     rng.shuffle(richness)
     centers = rng.uniform(0, n_asvs, size=n_samples)
     position = np.arange(n_asvs)
@@ -83,7 +128,7 @@ def synthesize(n_samples: int, token_limit: int, seed: int) -> Dataset:
                            shape=(n_samples, n_asvs))
     tokens, report = tokenize(seqs, seqs)
     sample_ids = [f"S{i + 1}" for i in range(n_samples)]
-    note = (f"No BIOM table/tree found: synthesized {n_samples} samples x {n_asvs} ASVs on a random tree "
+    note = (f"{reason}: synthesized {n_samples} samples x {n_asvs} ASVs on a random tree "
             f"(seed {seed}), richness {richness.min()}..{richness.max()} ASVs per sample against a token limit "
             f"of {token_limit}.")
     return Dataset(sample_ids=sample_ids, asv_ids=seqs, sequences=seqs, counts=counts, tokens=tokens, tree=root,

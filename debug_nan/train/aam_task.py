@@ -57,19 +57,28 @@ def aam_loss(model: torch.nn.Module, batch: dict, nuc_weight: float = 1.0, unifr
 
 
 def load_or_synthesize(s: RunSettings, log) -> Dataset:
-    """--table/--tree, else the files in --data-dir, else synthetic data."""
+    """--table/--tree, else the files in --data-dir, else synthetic data.
+
+    Synthetic data only when no data was asked for: --data-dir left at its default (./data) and no table there.
+    A --data-dir given explicitly (flag or config) must exist and hold a *.biom, else exit 2."""
     table = Path(s.table) if s.table else None
     tree = Path(s.tree) if s.tree else None
+    default_dir = Path(s.data_dir) == Path(RunSettings.data_dir)
     if table is None:
-        found_table, found_tree = find_data_files(s.data_dir)
+        found_table, found_tree = find_data_files(s.data_dir, required=not default_dir)
         table, tree = found_table, tree or found_tree
     elif tree is None:
         tree = find_data_files(table.parent)[1]
     if table is None:
         if tree is not None:
             raise InputError(f"Found tree {tree} but no BIOM table (*.biom) in {s.data_dir}; pass --table FILE.")
-        return synthesize(s.synthetic_samples, s.token_limit, s.seed)
-    return load_dataset(table, tree, s.sequences, s.rarefy_depth, s.seed)
+        if s.sequences:
+            raise InputError(f"--sequences {s.sequences} was given but no BIOM table: {s.data_dir} has none; pass "
+                             f"--table FILE (or --data-dir) with the table whose IDs the FASTA maps.")
+        where = "has no *.biom table" if Path(s.data_dir).is_dir() else "does not exist"
+        return synthesize(s.synthetic_samples, s.token_limit, s.seed, log,
+                          reason=f"No --table given and {s.data_dir} (the default --data-dir) {where}")
+    return load_dataset(table, tree, s.sequences, s.rarefy_depth, s.seed, log)
 
 
 def build_aam_task(s: RunSettings, log=print) -> Task:

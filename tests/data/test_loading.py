@@ -80,3 +80,31 @@ def test_corrupt_and_empty_inputs(tiny_data, tmp_path):
         load_dataset(bad, write_tree(tiny_data, tmp_path / "t.nwk"), None, None, seed=0)
     with pytest.raises(InputError, match="no Newick tree"):
         load_dataset(write_biom(tiny_data, tmp_path / "t.biom"), None, None, None, seed=0)
+
+
+def test_long_steps_are_logged_with_size_and_time(tiny_data, tmp_path):
+    table = write_biom(tiny_data, tmp_path / "t.biom")
+    tree = write_tree(tiny_data, tmp_path / "t.nwk")
+    lines = []
+    load_dataset(table, tree, None, None, seed=0, log=lines.append)
+    size = table.stat().st_size / 1024
+    assert lines[0] == f"Reading BIOM table {table} ({size:.1f} KB) ..."
+    assert lines[1].startswith(f"Loaded BIOM table {table}: 24 samples x 72 ASVs (601 non-zero counts) in ")
+    assert lines[2:4] == ["Tokenising 72 ASV sequences ...", lines[3]]
+    assert lines[3].startswith("Tokenised 72 ASV sequences into 72 x 151 tokens in ")
+    assert lines[5].startswith(f"Loaded tree {tree}: 72 tips cover all 72 ASVs in ") and lines[5].endswith(" s.")
+
+
+def test_notices_travel_with_the_dataset(tiny_data, tmp_path):
+    import dataclasses
+
+    import scipy.sparse as sp
+
+    dense = tiny_data.counts.toarray() / 4
+    dense[0] = 0
+    table = write_biom(dataclasses.replace(tiny_data, counts=sp.csr_matrix(dense)), tmp_path / "t.biom")
+    data = load_dataset(table, write_tree(tiny_data, tmp_path / "t.nwk"), None, None, seed=0)
+    notices = [n for n in data.notes if n.startswith("NOTICE:")]
+    assert len(notices) >= 2 and "fractional counts" in notices[0] and "1 of 24 samples" in notices[1]
+    assert data.n_samples == 23 and "S1" not in data.sample_ids
+    assert np.all(np.diff(data.counts.indptr) > 0)  # no empty sample reaches the batches

@@ -41,3 +41,38 @@ def test_unifrac_is_meaningful():
     off = dist[~np.eye(24, dtype=bool)]
     assert np.isfinite(dist).all() and 0.05 < off.min() and off.max() <= 1.0
     assert off.std() > 0.05  # samples from the same region of the tree are closer than others
+
+
+def test_same_data_as_before_under_the_same_seed():
+    """The synthetic table is part of every test's expectations: a faster implementation must not change it."""
+    import hashlib
+
+    data = synthesize(24, 24, seed=3)
+    digest = hashlib.sha256("\n".join(data.asv_ids).encode() + data.counts.toarray().tobytes()).hexdigest()[:16]
+    assert (data.counts.nnz, int(data.counts.sum()), data.asv_ids[0][:12]) == (601, 9365, "AGGTTTAGTACC")
+    assert digest == "e74db789dc3286bc"  # as computed by the implementation before the speed-ups
+
+
+def test_size_is_estimated_and_said_before_the_work():
+    from debug_nan.data.synthetic import estimate_synthetic_bytes
+
+    lines = []
+    synthesize(8, 16, seed=0, log=lines.append)
+    assert lines[0].startswith("Synthesizing 8 samples x 64 ASVs (token limit 16, about ") and lines[0].endswith(" ...")
+    assert lines[1].startswith("Synthesized 8 samples x 64 ASVs (") and lines[1].endswith(" s.")
+    # measured peak of synthesize(48, 100_000): ~0.7 GB above the interpreter (see BYTES_PER_ASV)
+    assert 0.6 * 2**30 < estimate_synthetic_bytes(48, 100_000) < 1.0 * 2**30
+    assert estimate_synthetic_bytes(48, 200_000) > 1.9 * estimate_synthetic_bytes(48, 100_000)
+
+
+def test_a_synthetic_table_that_cannot_fit_stops_before_the_work():
+    import pytest
+
+    from debug_nan.data.synthetic import check_synthetic_fits
+    from debug_nan.errors import InputError
+
+    assert check_synthetic_fits(48, 512, available=2**30) < 2**30
+    assert check_synthetic_fits(48, 10**9, available=None) > 2**40  # unknown memory: no verdict
+    with pytest.raises(InputError, match=r"--token-limit 100000 would need about 750.7 MB of memory \(48 samples x "
+                                         r"300,000 ASVs.*only 100.0 MB is available. Lower --token-limit"):
+        check_synthetic_fits(48, 100_000, available=100 * 2**20)
