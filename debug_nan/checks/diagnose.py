@@ -35,12 +35,26 @@ def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
     try:
         cause, explanation = _classify(event, batch)
     except Exception as exc:  # noqa: BLE001 - diagnosis is best effort, the origin stands regardless
-        cause, explanation = "unknown", f"{event.op or event.label} produced {event.kind.upper()} (diagnosis failed: {exc})."
+        cause = "unknown"
+        explanation = f"{event.op or event.label} produced {event.kind.upper()} (diagnosis failed: {exc})."
     if event.phase == "optimizer":
         cause = "nonfinite_parameter"
     if event.note:
         explanation += f" ({event.note})"
-    return cause, explanation, suggestions_for(cause, event)
+    suggestions = suggestions_for(cause, event)
+    source = _inf_source(event)
+    if cause == "inf_arithmetic" and source is not None:  # the fix belongs where the Inf was born
+        try:
+            suggestions += [s for s in suggestions_for(_classify(source, batch)[0], source) if s not in suggestions]
+        except Exception:  # noqa: BLE001 - suggestions are a courtesy
+            pass
+    return cause, explanation, suggestions
+
+
+def _inf_source(event: OpEvent) -> OpEvent | None:
+    """The Inf origin behind a NaN origin: the earliest one not written on purpose, else the earliest mask."""
+    real = [e for e in event.inf_sources if not e.deliberate]
+    return (real or event.inf_sources or [None])[0]
 
 
 def _classify(event: OpEvent, batch) -> tuple[str, str]:
@@ -52,7 +66,9 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
     name = base_name(event.op)
     if not event.inputs and not event.outputs:  # an origin past the tracer's limit: no tensors kept
         return "unknown", f"{event.op} produced {event.kind.upper()}."
-    result = singular_rule(event)
+    # a NaN made from Infs (0 * inf in a backward formula, inf - inf) is arithmetic on an Inf born upstream,
+    # whatever the op; the Inf's own origin is named in the explanation
+    result = None if _inf_inputs(event) else singular_rule(event)
     if result is None and name in SOFTMAX_OPS:
         result = softmax_rule(event, batch)
     elif result is None and is_attention(name):
@@ -71,6 +87,10 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
         result = ("unknown", f"{event.op} produced {event.kind.upper()} from finite inputs ({stats})."
                   + _inf_source_sentence(event, batch))
     return result
+
+
+def _inf_inputs(event: OpEvent) -> bool:
+    return any((t.is_floating_point() or t.is_complex()) and bool(torch.isinf(t).any()) for _, t in event.inputs)
 
 
 def _pre_existing(event: OpEvent) -> tuple[str, str]:
@@ -96,10 +116,9 @@ def _pre_existing(event: OpEvent) -> tuple[str, str]:
 
 def _inf_source_sentence(event: OpEvent, batch) -> str:
     """' The Inf came from ...' for a NaN origin fed by Infs of known origin, with that origin's own cause."""
-    if not event.inf_sources:
+    src = _inf_source(event)
+    if src is None:
         return ""
-    real = [e for e in event.inf_sources if not e.deliberate]
-    src = (real or event.inf_sources)[0]
     where = ", ".join(p for p in (src.phase, f"module `{src.module}`" if src.module else "", src.source or "") if p)
     try:
         _, why = _classify(src, batch)

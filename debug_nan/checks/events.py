@@ -38,7 +38,7 @@ class OpEvent:
     # provenance
     seq: int = 0  # op number when it happened (tracer.ops_seen): the order of origins
     id: int = -1  # index in tracer.origins
-    deliberate: bool = False  # an Inf written on purpose: masked_fill/fill/full/where with an inf scalar, an -inf constant
+    deliberate: bool = False  # an Inf written on purpose: masked_fill/fill/full/where of an inf scalar, an inf constant
     label: str | None = None  # a marked or pre-existing tensor: "batch `x`", "parameter `w`", "buffer `mask`"
     module_class: str = ""  # "debug_nan.model.attention.SelfAttention": decides the wording (built-in model or not)
     inf_sources: list["OpEvent"] = field(default_factory=list)  # a NaN birth: the Inf origins its inputs carried

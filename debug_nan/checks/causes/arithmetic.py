@@ -132,7 +132,9 @@ def inf_arithmetic_rule(event: OpEvent) -> tuple[str, str] | None:
             if (t.is_floating_point() or t.is_complex()) and bool(torch.isinf(t).any())]
     if not infs:
         return None
-    return "inf_arithmetic", (f"{event.op} made NaN from inputs that already held infinities ({'; '.join(infs)}): "
+    within = f" (in {event.backward_node})" if event.backward_node else ""
+    return "inf_arithmetic", (f"{event.op}{within} made NaN from inputs that already held infinities "
+                              f"({'; '.join(infs)}): "
                               f"inf - inf, 0 * inf and inf / inf are NaN.")
 
 

@@ -15,8 +15,8 @@ MASK_ARGS = ("attn_mask", "attn_bias")
 
 
 def is_attention(name: str) -> bool:
-    return name.startswith("_scaled_dot_product") or name in ("scaled_dot_product_attention", "_flash_attention_forward",
-                                                              "_efficient_attention_forward")
+    return name.startswith("_scaled_dot_product") or name in (
+        "scaled_dot_product_attention", "_flash_attention_forward", "_efficient_attention_forward")
 
 
 def first_input(event: OpEvent, name: str = "self") -> torch.Tensor | None:

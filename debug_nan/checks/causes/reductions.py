@@ -77,7 +77,8 @@ def _nll_rule(event: OpEvent, x: torch.Tensor) -> tuple[str, str] | None:
         total = float(weight[target[kept]].sum())
         if total == 0:
             return "div_by_zero", (f"{event.op}: the {n_kept} targets that are not ignore_index={ignore} all have "
-                                   f"class weight 0, so the 'mean' reduction divides by a total weight of 0: 0/0 = NaN.")
+                                   f"class weight 0, so the 'mean' reduction divides by a total weight of 0: "
+                                   f"0/0 = NaN.")
     return None
 
 
