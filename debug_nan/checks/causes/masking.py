@@ -56,11 +56,16 @@ def attention_rule(event: OpEvent, batch) -> tuple[str, str] | None:
         return None
     mask = named[arg]
     blocked = ~mask if mask.dtype == torch.bool else torch.isneginf(mask)
+    query = named.get("query")
+    if query is not None:  # count query rows as the kernel sees them: the mask broadcasts over batch and heads
+        try:
+            blocked = blocked.expand(torch.broadcast_shapes(blocked.shape, (*query.shape[:-1], blocked.shape[-1])))
+        except RuntimeError:
+            pass
     empty = blocked.all(dim=-1)  # [..., L_q]
     n_rows = int(empty.sum())
     if n_rows == 0:
         return None
-    query = named.get("query")
     first = query.shape[0] if query is not None else empty.shape[0]
     rows = empty.reshape(empty.shape[0], -1).any(dim=1).nonzero().squeeze(1) if empty.dim() else None
     where = (describe_rows(rows, first, batch, aam=is_builtin(event))
