@@ -41,7 +41,7 @@ def singular_rule(event: OpEvent) -> tuple[str, str] | None:
             zeros = int((saved == 0).sum())
             if zeros:
                 evidence.append(f"its saved forward {name} is 0 at {zeros} of {saved.numel()} positions")
-    at = f" (forward at {event.forward_source})" if event.forward_source else ""
+    at = f", forward at {event.forward_source}" if event.forward_source else ""
     detail = "; ".join(evidence) if evidence else "its forward input sits on the singular point"
     return "grad_at_singularity", (f"Backward of {fn.lower()} ({node_name}{at}) made {event.kind.upper()} from "
                                    f"finite values: {detail}; {formula}.")
