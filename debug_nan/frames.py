@@ -11,15 +11,17 @@ The layout is read from the installed package's directory, so it holds wherever 
 
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import os
 import sys
 
-import torch
-
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
-TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+# located without importing torch: errors.py uses this module, and the CLI answers --help before torch loads
+_TORCH_SPEC = importlib.util.find_spec("torch")
+TORCH_DIR = (os.path.dirname(os.path.abspath(_TORCH_SPEC.origin)) if _TORCH_SPEC and _TORCH_SPEC.origin
+             else "<no torch>")
 # the built-in pipeline's "user code": what a --task file holds for a user's own model
 BUILTIN_USER_CODE = tuple(os.path.join(PACKAGE_DIR, *part) for part in (("model", ""), ("data", ""),
                                                                          ("train", "aam_task.py")))
