@@ -226,7 +226,9 @@ class Tracer(TorchDispatchMode):
             tensors, _ = named_tensors(func, args, kwargs)
             written = [t for n, t in tensors if base_arg_name(n) in info.written]
             self.lineage.protect(written)
-            before = [(n, t, t.detach().clone()) for n, t in tensors
+            dests = {id(t) for t in written}
+            # (name, tensor, its value before the op): only the destinations need a copy
+            before = [(n, t, t.detach().clone() if id(t) in dests else t) for n, t in tensors
                       if base_arg_name(n) != "out" and not (info.overwriting and base_arg_name(n) == "self")]
         out = func(*args, **kwargs)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -261,7 +263,7 @@ class Tracer(TorchDispatchMode):
         event = None
         if nan_birth or inf_birth:
             deliberate = inf_scalar and not nan_birth
-            clones = {id(t): c for _, t, c in before} if before is not None else {}
+            clones = {id(t): c for _, t, c in before if c is not t} if before is not None else {}
             swap = lambda v: clones.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
             event = self._record(func, "nan" if nan_birth else "inf", list(zip(names, values)), outs, scalars,
                                  tree_map(swap, args), tree_map(swap, kwargs), deliberate)
@@ -309,7 +311,8 @@ class Tracer(TorchDispatchMode):
         source, code = (forward_source_of(node), None) if node is not None else user_frame()
         module_type, module_class = self._module_class(module)
         return self.lineage.add(OpEvent(
-            op="", phase=phase, module=module, module_type=module_type, kind="nan" if nan else "inf", source=source,
+            op="", phase=phase, module=module, module_type=module_type if phase != "loss" else "",
+            kind="nan" if nan else "inf", source=source,
             source_line=code, backward_node=None, forward_source=None, inputs=[], outputs=[(label, value.detach())],
             seq=self.ops_seen, label=label, module_class=module_class, deliberate=not nan and kind != "parameter"))
 

@@ -2,6 +2,8 @@
 complex values, and which frame is the user's."""
 
 import os
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -195,6 +197,13 @@ def test_built_in_model_source_line_is_the_model_file():
     origin = tr.origin_of(loss)
     assert origin.op == "aten._softmax.default" and origin.source.startswith("debug_nan/model/attention.py:")
     assert origin.module_class == "debug_nan.model.attention.SelfAttention"
+
+
+def test_errors_and_frames_load_without_torch():
+    """The CLI imports errors.py to answer --help before torch loads; the frame rule must not pull torch in."""
+    code = "import sys, debug_nan.errors, debug_nan.frames as f; assert 'torch' not in sys.modules; print(f.TORCH_DIR)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == TORCH_DIR and os.path.isfile(os.path.join(out, "__init__.py"))
 
 
 def test_describe_exception_names_the_user_frame():
