@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
                                      named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf)
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
+from debug_nan.checks.stats import flat_tensors
 from debug_nan.frames import source_from_stack_lines, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
@@ -95,6 +96,22 @@ class Tracer(TorchDispatchMode):
             self.lineage.assign(tensor, frozenset([event.id]) if nan else NO_IDS,
                                 frozenset([event.id]) if inf else NO_IDS, replace=covers_storage(tensor))
         return event
+
+    def mark_tree(self, tree, what: str, phase: str = "data") -> list[OpEvent]:
+        """mark() every tensor in a nest (a batch dict, a list of parameters), labelled "{what} `{path}`"."""
+        marks = [self.mark(t, f"{what} `{path}`" if path else what, phase) for path, t in flat_tensors(tree)]
+        return [m for m in marks if m is not None]
+
+    def reached(self, event: OpEvent, named: dict[str, torch.Tensor]) -> list[str]:
+        """The names of the given tensors (parameters, states, loss parts) whose non-finite values descend from
+        `event`: where an origin's values ended up, without relying on the identity of the event's own tensors
+        (copy-on-write may have replaced them)."""
+        out = []
+        for name, t in named.items():
+            entry = self.lineage.get(t) if isinstance(t, torch.Tensor) else None
+            if entry is not None and (event.id in entry[0] or event.id in entry[1]):
+                out.append(name)
+        return out
 
     def origin_of(self, tensors) -> OpEvent | None:
         """The earliest origin in the lineage of harmed values (a tensor, or any nest of them: the loss and its

@@ -212,3 +212,29 @@ def test_a_parents_own_op_upstream_of_a_child(model):
     origin = tr.origin_of(loss)
     assert (origin.op, origin.phase, origin.module, origin.module_type) == ("aten.log.default", "forward", "enc",
                                                                            "Parent")
+
+
+def test_optimizer_step_origin_and_the_parameters_it_reached():
+    torch.manual_seed(0)
+    model = nn.Linear(D, 1)
+    unused = nn.Parameter(torch.ones(1))
+    opt = torch.optim.Adam([*model.parameters(), unused], lr=1e-2, eps=0.0)
+    (model(torch.randn(3, D)).sum() + 0.0 * unused.sum()).backward()  # unused's gradient is exactly 0
+    with Tracer(model) as tr:
+        tr.phase_override = "optimizer"
+        assert tr.mark_tree({"w": model.weight, "u": unused}, "parameter", "optimizer") == []  # all finite
+        opt.step()  # Adam with eps=0: 0 / (sqrt(0) + 0) = NaN for `unused`
+    named = {"weight": model.weight, "bias": model.bias, "unused": unused,
+             **{f"unused {k}": v for k, v in opt.state[unused].items()}}
+    origin = tr.origin_of(list(named.values()))
+    assert origin.phase == "optimizer" and origin.op == "aten.addcdiv_.default" and origin.kind == "nan"
+    assert tr.reached(origin, named) == ["unused"]
+    assert diagnose(origin)[0] == "nonfinite_parameter"
+
+
+def test_mark_tree_labels_each_tensor_by_its_path(model):
+    batch = {"x": torch.randn(2, D), "extra": [torch.tensor([float("inf")]), torch.ones(1)]}
+    with Tracer(model) as tr:
+        [mark] = tr.mark_tree(batch, "batch", "data")
+        loss = model(batch["x"]).sum() + batch["extra"][0].sum()
+    assert mark.label == "batch `extra[0]`" and tr.origin_of(loss) is mark
