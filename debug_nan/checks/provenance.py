@@ -122,13 +122,16 @@ class Lineage:
 
     # -- the answer ----------------------------------------------------------------------------------------------------
     def earliest(self, nan_ids: frozenset, inf_ids: frozenset, any_nan: bool) -> OpEvent | None:
-        """A NaN harm: its earliest NaN origin. An Inf-only harm: its earliest Inf origin that was not written on
-        purpose, else the earliest deliberate one."""
-        order = lambda e: (e.seq, e.id)  # noqa: E731
+        """The earliest origin in a harm's lineage that was not written on purpose, else the earliest deliberate
+        one. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (an overflow upstream of an
+        `inf - inf` is the root, while the -inf of a mask under a fully masked softmax is not: it is deliberate,
+        so the softmax is). An Inf-only harm's lineage: its Inf origins."""
         if any_nan and nan_ids:
-            return min((self.origins[i] for i in nan_ids), key=order)
-        if inf_ids:
+            events = [self.origins[i] for i in nan_ids]
+            events += [src for e in events for src in e.inf_sources]
+        else:
             events = [self.origins[i] for i in inf_ids]
-            real = [e for e in events if not e.deliberate]
-            return min(real or events, key=order)
-        return None
+        if not events:
+            return None
+        real = [e for e in events if not e.deliberate]
+        return min(real or events, key=lambda e: (e.seq, e.id))

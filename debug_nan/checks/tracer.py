@@ -115,9 +115,11 @@ class Tracer(TorchDispatchMode):
 
     def origin_of(self, tensors) -> OpEvent | None:
         """The earliest origin in the lineage of harmed values (a tensor, or any nest of them: the loss and its
-        parts, gradients, parameters, optimizer states). NaN harm: the earliest NaN origin. Inf-only harm: the
-        earliest Inf origin not written on purpose, else the earliest deliberate one. None when no harmed value
-        is non-finite or none was made under the tracer."""
+        parts, gradients, parameters, optimizer states), leaving out Infs written on purpose (masks) unless
+        nothing else is there. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (so an
+        overflow upstream of `inf - inf` is the answer, the -inf mask under a fully masked softmax is not). An
+        Inf-only harm's lineage: its Inf origins. None when no harmed value is non-finite or none was made under
+        the tracer."""
         flat = [t for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)]
         with _disable_current_modes():
             flags = nonfinite_flags(flat)

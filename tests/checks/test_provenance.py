@@ -7,6 +7,7 @@ from torch import nn
 
 from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.tracer import Tracer
+from tests import scenarios
 
 D = 4
 
@@ -129,9 +130,11 @@ def test_nan_and_inf_lineages_stay_apart(model):
         big = torch.tensor([3e38, 1.0]) * 10.0  # an overflow: Inf origin
         nan = big - big  # inf - inf: a NaN origin fed by that Inf
         both = torch.cat([nan, big])
-    nan_origin = tr.origin_of(both)  # holds NaN: the NaN rule
-    assert nan_origin.op == "aten.sub.Tensor" and [e.op for e in nan_origin.inf_sources] == ["aten.mul.Tensor"]
     assert tr.origin_of(big).op == "aten.mul.Tensor"  # Inf only: the Inf origin
+    assert tr.origin_of(nan).op == "aten.mul.Tensor"  # NaN: the overflow that fed inf - inf is the root
+    assert tr.origin_of(both).op == "aten.mul.Tensor"
+    nan_origin = tr.origins[-1]
+    assert nan_origin.op == "aten.sub.Tensor" and [e.op for e in nan_origin.inf_sources] == ["aten.mul.Tensor"]
     cause, explanation, _ = diagnose(nan_origin)
     assert cause == "inf_arithmetic" and "The Inf came from aten.mul.Tensor" in explanation
     assert "exceeds the float32 maximum" in explanation
@@ -238,3 +241,18 @@ def test_mark_tree_labels_each_tensor_by_its_path(model):
         [mark] = tr.mark_tree(batch, "batch", "data")
         loss = model(batch["x"]).sum() + batch["extra"][0].sum()
     assert mark.label == "batch `extra[0]`" and tr.origin_of(loss) is mark
+
+
+def test_fp16_overflow_upstream_of_a_nan_is_the_origin():
+    """Autocast fp16 (the fp16_overflow scenario): `proj` overflows (Inf), `out` makes inf - inf (NaN) in its
+    matmul, the loss is NaN. The overflow that fed the NaN is the root."""
+    task = scenarios.fp16_overflow()
+    with Tracer(task.model) as tr:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = task.loss(task.model, task.batches[0])
+    assert torch.isnan(loss)
+    origin = tr.origin_of(loss)
+    assert (origin.op, origin.module, origin.kind) == ("aten.addmm.default", "proj", "inf")
+    assert diagnose(origin)[0] == "overflow"
+    [nan_birth] = [e for e in tr.origins if e.kind == "nan"]
+    assert nan_birth.module == "out" and tr.inf_sources(nan_birth) == [origin]

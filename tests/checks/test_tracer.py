@@ -71,15 +71,18 @@ def test_backward_op_of_a_parents_own_body_belongs_to_the_parent():
         loss.backward()
     origin = tr.origin_of([p.grad for p in root.parameters()])
     # sqrt's backward at 0 makes Inf (the gradient reaching the diagonal is not 0); the square's backward then
-    # multiplies it by z_i - z_j = 0: the NaN. Both ops are the parent's own, upstream of its child `rbf`.
-    assert (origin.phase, origin.backward_node, origin.module, origin.module_type) == ("backward", "PowBackward0",
-                                                                                       "enc", "Distances")
-    [inf] = tr.inf_sources(origin)
-    assert (inf.backward_node, inf.module, inf.kind) == ("SqrtBackward0", "enc", "inf")
-    assert inf.source == f"{short_path(__file__)}:{Distances.forward.__code__.co_firstlineno + 2}"
-    cause, explanation, _ = diagnose(origin)
+    # multiplies it by z_i - z_j = 0: the NaN. Both ops are the parent's own, upstream of its child `rbf`; the
+    # Inf that fed the NaN is the root.
+    assert (origin.phase, origin.backward_node, origin.module, origin.module_type, origin.kind) == (
+        "backward", "SqrtBackward0", "enc", "Distances", "inf")
+    assert origin.source == f"{short_path(__file__)}:{Distances.forward.__code__.co_firstlineno + 2}"
+    assert diagnose(origin)[0] == "grad_at_singularity"
+    nan_birth = next(e for e in tr.origins if e.kind == "nan")
+    assert (nan_birth.backward_node, nan_birth.module) == ("PowBackward0", "enc")
+    assert tr.inf_sources(nan_birth) == [origin]
+    cause, explanation, suggestions = diagnose(nan_birth)
     assert cause == "inf_arithmetic" and "The Inf came from aten.div.Tensor" in explanation
-    assert "Backward of sqrt (SqrtBackward0" in explanation
+    assert "Backward of sqrt (SqrtBackward0" in explanation and any("sqrt(x + eps)" in s for s in suggestions)
 
 
 def test_attention_backward_nodes_carry_the_attention_module():
