@@ -42,6 +42,9 @@ class OpEvent:
     label: str | None = None  # a marked or pre-existing tensor: "batch `x`", "parameter `w`", "buffer `mask`"
     module_class: str = ""  # "debug_nan.model.attention.SelfAttention": decides the wording (built-in model or not)
     inf_sources: list["OpEvent"] = field(default_factory=list)  # a NaN birth: the Inf origins its inputs carried
+    # backward: the origin its node's forward op was (the forward log(0) = -inf behind LogBackward's 0/0, when a
+    # torch.where hid that -inf from the loss): the same singular point, met first in the forward
+    forward_origin: "OpEvent | None" = None
     note: str | None = None
 
 

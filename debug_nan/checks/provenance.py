@@ -125,12 +125,17 @@ class Lineage:
         """The earliest origin in a harm's lineage that was not written on purpose, else the earliest deliberate
         one. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (an overflow upstream of an
         `inf - inf` is the root, while the -inf of a mask under a fully masked softmax is not: it is deliberate,
-        so the softmax is). An Inf-only harm's lineage: its Inf origins."""
-        if any_nan and nan_ids:
-            events = [self.origins[i] for i in nan_ids]
-            events += [src for e in events for src in e.inf_sources]
-        else:
-            events = [self.origins[i] for i in inf_ids]
+        so the softmax is). An Inf-only harm's lineage: its Inf origins. Both: a backward origin's forward origin
+        (forward_origin) too."""
+        todo = [self.origins[i] for i in (nan_ids if any_nan and nan_ids else inf_ids)]
+        events, seen = [], set()
+        while todo:
+            e = todo.pop()
+            if e.id in seen:
+                continue
+            seen.add(e.id)
+            events.append(e)
+            todo += e.inf_sources + ([e.forward_origin] if e.forward_origin is not None else [])
         if not events:
             return None
         real = [e for e in events if not e.deliberate]

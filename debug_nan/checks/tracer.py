@@ -8,7 +8,11 @@ A TorchDispatchMode sees every aten operation, in forward, loss, backward and th
     a parameter) or met as an op input (a buffer, a constant made outside the traced ops).
 Every non-finite value carries the origins it descends from (provenance.Lineage, by storage), so the driver asks,
 once harm is reached, for the earliest origin IN THE LINEAGE OF THE HARMED VALUE (`origin_of`); origins whose
-values never reach harm are ignored. `first` (the first origin in time) is kept for callers that stop there.
+values never reach harm are ignored. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
+and a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
+hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
+(masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
+stop there.
 Module context: forward pre/post hooks keep a stack of module paths. Each autograd node is tagged with the module
 on top of the stack when the op that created it ran (the node exists right after the op returns), so backward
 ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward traceback,
@@ -35,6 +39,7 @@ from debug_nan.frames import source_from_stack_lines, user_frame
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
 TAG = "debug_nan_module"
+ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
 LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
 
 
@@ -69,7 +74,7 @@ class Tracer(TorchDispatchMode):
         self._last_inf: OpEvent | None = None
         self._handles = []
         self._stop_nodes: list[dict[int, object]] = []
-        self._pending: list[tuple[list[torch.Tensor], str]] = []  # op outputs whose autograd node is tagged next
+        self._pending: list[list] = []  # [op outputs, module, origin or None]: their autograd node is tagged next
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
         self._classes: dict[str, tuple[str, str]] = {}
         self._anomaly = None
@@ -118,8 +123,8 @@ class Tracer(TorchDispatchMode):
         parts, gradients, parameters, optimizer states), leaving out Infs written on purpose (masks) unless
         nothing else is there. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (so an
         overflow upstream of `inf - inf` is the answer, the -inf mask under a fully masked softmax is not). An
-        Inf-only harm's lineage: its Inf origins. None when no harmed value is non-finite or none was made under
-        the tracer."""
+        Inf-only harm's lineage: its Inf origins. Either way, a backward origin brings the forward origin of its
+        node. None when no harmed value is non-finite or none was made under the tracer."""
         flat = [t for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)]
         with _disable_current_modes():
             flags = nonfinite_flags(flat)
@@ -167,21 +172,28 @@ class Tracer(TorchDispatchMode):
                         self.module_inf = self._last_inf
                         break
 
-    def _remember_nodes(self, outs: list[torch.Tensor], written: list[torch.Tensor]) -> None:
+    def _remember_nodes(self, outs: list[torch.Tensor], written: list[torch.Tensor]) -> list | None:
         """Autograd attaches the output's node right after the op returns: tag it at the next op or hook, with
-        the module running now."""
+        the module running now (and with the origin this op was, if _judge finds it was one)."""
         if self.phase_override or not torch.is_grad_enabled() or torch._C._current_autograd_node() is not None:
-            return
+            return None
         bases = [t._base for t in written if t._base is not None]  # an in-place op on a view rebases its base
-        self._pending.append((outs + bases, self.stack[-1] if self.stack else ""))
+        entry = [outs + bases, self.stack[-1] if self.stack else "", None]
+        self._pending.append(entry)
+        return entry
 
     def _tag_pending(self) -> None:
         pending, self._pending = self._pending, []
-        for tensors, module in pending:
+        for tensors, module, origin in pending:
             for t in tensors:
                 node = t.grad_fn
-                if node is not None and TAG not in node.metadata:
-                    node.metadata[TAG] = module
+                if node is None:
+                    continue
+                meta = node.metadata
+                if TAG not in meta:
+                    meta[TAG] = module
+                if origin is not None and ORIGIN_TAG not in meta:
+                    meta[ORIGIN_TAG] = origin.id
 
     def __enter__(self):
         for m in self.names:
@@ -253,16 +265,19 @@ class Tracer(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {id(t) for t in outs}
         outs += [t for t in written if id(t) not in seen]
-        self._remember_nodes(outs, written)
+        pending = self._remember_nodes(outs, written)
         bad = [t for t in outs if has_nonfinite(t)]
         if bad:
-            self._judge(func, args, kwargs, outs, bad, written, before)
+            event = self._judge(func, args, kwargs, outs, bad, written, before)
+            if pending is not None:
+                pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
         return out
 
-    def _judge(self, func, args, kwargs, outs, bad, written, before) -> None:
-        """A non-finite output: is this op an origin, and which origins does each non-finite output carry?"""
+    def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
+        """A non-finite output: is this op an origin (-> its OpEvent), and which origins does each non-finite
+        output carry?"""
         tensors, scalars = named_tensors(func, args, kwargs)
         if before is not None:
             names, originals, values = [n for n, _, _ in before], [t for _, t, _ in before], [c for _, _, c in before]
@@ -302,6 +317,7 @@ class Tracer(TorchDispatchMode):
         self.lineage.cleared([t for t in written if id(t) not in bad_ids])
         if self.stop_at_first and event is not None and self.first is event:
             raise StopReplay
+        return event
 
     def _lineage_of(self, original, value, name, func, nan: bool, inf: bool) -> tuple[frozenset, frozenset]:
         """The origins a non-finite input carries; a value nobody traced (a buffer, a constant, a parameter left
@@ -340,10 +356,13 @@ class Tracer(TorchDispatchMode):
         source, code = user_frame()
         forward_source = None
         saved = {}
+        forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
             source, code = forward_source, None
             saved = saved_tensors(node)
+            if ORIGIN_TAG in node.metadata:
+                forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
         module_type, module_class = self._module_class(module)
         return self.lineage.add(OpEvent(
             op=str(func), phase=phase, module=module, module_type=module_type if phase != "loss" else "",
@@ -352,4 +371,4 @@ class Tracer(TorchDispatchMode):
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
             scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node,
             args=args, kwargs=kwargs, saved=saved, seq=self.ops_seen, deliberate=deliberate,
-            module_class=module_class))
+            module_class=module_class, forward_origin=forward_origin))

@@ -104,14 +104,19 @@ def test_nan_hidden_by_where_in_forward_leaks_into_gradients_from_the_forward_op
     assert diagnose(origin)[0] == "invalid_domain"
 
 
-def test_inf_hidden_by_where_makes_its_nan_in_backward(model):
-    """log(0) = -inf hidden by where: the gradients' NaN is born in LogBackward (0 / 0), not in the forward."""
+def test_inf_hidden_by_where_is_the_origin_of_the_backward_nan_at_the_same_point(model):
+    """log(0) = -inf hidden by where: the gradients' NaN is born in LogBackward (0 / 0 at the same x = 0); the
+    forward log that met that point first is the origin, as in the hidden_by_where scenario."""
     x = torch.tensor([0.0, 1.0, 2.0], requires_grad=True)
     with Tracer(model) as tr:
         torch.where(x > 0, torch.log(x), torch.zeros_like(x)).sum().backward()
     origin = tr.origin_of(x.grad)
-    assert (origin.phase, origin.backward_node, origin.kind) == ("backward", "LogBackward0", "nan")
-    cause, explanation, _ = diagnose(origin)
+    assert (origin.op, origin.phase, origin.kind) == ("aten.log.default", "loss", "inf")
+    assert diagnose(origin)[0] == "log_of_nonpositive"
+    nan_birth = tr.origins[-1]
+    assert (nan_birth.phase, nan_birth.backward_node, nan_birth.kind) == ("backward", "LogBackward0", "nan")
+    assert nan_birth.forward_origin is origin
+    cause, explanation, _ = diagnose(nan_birth)
     assert cause == "grad_at_singularity" and "saved forward self is 0 at 1 of 3 positions" in explanation
 
 
