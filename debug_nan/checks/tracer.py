@@ -13,10 +13,9 @@ and a backward origin the forward origin of its autograd node (`forward_origin`:
 hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
 (masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
 stop there.
-Module context: forward pre/post hooks keep a stack of module paths. Each autograd node is tagged with the module
-on top of the stack when the op that created it ran (the node exists right after the op returns), so backward
-ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward traceback,
-which gives backward ops their source line.
+Module context (module_context.py): each autograd node is tagged with the module that ran the op creating it, so
+backward ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward
+traceback, which gives backward ops their source line.
 The finite path costs one aminmax per op output; lineage work happens only for non-finite outputs.
 """
 
@@ -32,14 +31,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
                                      named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf)
+from debug_nan.checks.module_context import ORIGIN_TAG, TAG, ModuleContext
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.frames import source_from_stack_lines, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
-TAG = "debug_nan_module"
-ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
 LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
 
 
@@ -64,19 +62,14 @@ class Tracer(TorchDispatchMode):
         super().__init__()
         self.stop_at_first = stop_at_first
         self.model = model
-        self.names = {m: n for n, m in model.named_modules()}
-        self.stack: list[str] = []
+        self.context = ModuleContext(model, on_output=self._module_output)
         self.phase_override: str | None = None
         self.first: OpEvent | None = None  # the first origin in time (NaN birth, or an Inf from finite inputs)
         self.ops_seen = 0
         self.module_inf: OpEvent | None = None  # a deliberate Inf (a mask) that reached a module output
         self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
-        self._handles = []
-        self._stop_nodes: list[dict[int, object]] = []
-        self._pending: list[list] = []  # [op outputs, module, origin or None]: their autograd node is tagged next
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
-        self._classes: dict[str, tuple[str, str]] = {}
         self._anomaly = None
 
     @property
@@ -93,7 +86,7 @@ class Tracer(TorchDispatchMode):
             ((nan, inf),) = nonfinite_flags([tensor])
             if not (nan or inf):
                 return None
-            root_type, root_class = self._module_class("")
+            root_type, root_class = self.context.module_class("")
             event = self.lineage.add(OpEvent(
                 op="", phase=phase, module="", module_type="", kind="nan" if nan else "inf", source=None,
                 source_line=None, backward_node=None, forward_source=None, inputs=[],
@@ -146,25 +139,8 @@ class Tracer(TorchDispatchMode):
         first; empty otherwise."""
         return list(event.inf_sources)
 
-    # -- module context --------------------------------------------------------------------------------------
-    def _pre(self, module, inputs, kwargs):
-        self._tag_pending()
-        self.stack.append(self.names[module])
-        self._stop_nodes.append({id(t.grad_fn): t.grad_fn for t in tree_flatten((inputs, kwargs))[0]
-                                 if isinstance(t, torch.Tensor) and t.grad_fn is not None})
-
-    def _post(self, module, inputs, output):
-        self._tag_pending()
-        name = self.stack.pop() if self.stack else self.names[module]
-        stops = self._stop_nodes.pop() if self._stop_nodes else {}
-        # nodes no traced op created (a custom autograd.Function's own node): untagged, so made in this call
-        todo = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in stops or TAG in node.metadata:
-                continue
-            node.metadata[TAG] = name
-            todo.extend(n for n, _ in node.next_functions if n is not None)
+    def _module_output(self, output) -> None:
+        """After each module's forward: does the last deliberate Inf (a mask) reach a module output?"""
         if self.first is None and self.module_inf is None and self._last_inf is not None:
             with _disable_current_modes():
                 for t in tree_flatten(output)[0]:
@@ -172,33 +148,12 @@ class Tracer(TorchDispatchMode):
                         self.module_inf = self._last_inf
                         break
 
-    def _remember_nodes(self, outs: list[torch.Tensor], written: list[torch.Tensor]) -> list | None:
-        """Autograd attaches the output's node right after the op returns: tag it at the next op or hook, with
-        the module running now (and with the origin this op was, if _judge finds it was one)."""
-        if self.phase_override or not torch.is_grad_enabled() or torch._C._current_autograd_node() is not None:
-            return None
-        bases = [t._base for t in written if t._base is not None]  # an in-place op on a view rebases its base
-        entry = [outs + bases, self.stack[-1] if self.stack else "", None]
-        self._pending.append(entry)
-        return entry
-
-    def _tag_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        for tensors, module, origin in pending:
-            for t in tensors:
-                node = t.grad_fn
-                if node is None:
-                    continue
-                meta = node.metadata
-                if TAG not in meta:
-                    meta[TAG] = module
-                if origin is not None and ORIGIN_TAG not in meta:
-                    meta[ORIGIN_TAG] = origin.id
+    @property
+    def stack(self) -> list[str]:
+        return self.context.stack
 
     def __enter__(self):
-        for m in self.names:
-            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(self._post))
+        self.context.attach()
         for kind, named in (("parameter", self.model.named_parameters()), ("buffer", self.model.named_buffers())):
             for name, t in named:
                 self._state_names[storage_key(t)] = (kind, name)
@@ -212,12 +167,8 @@ class Tracer(TorchDispatchMode):
         try:
             return super().__exit__(*exc)
         finally:
-            self._tag_pending()
             self._anomaly.__exit__(None, None, None)
-            for h in self._handles:
-                h.remove()
-            self._handles = []
-            self.stack = []
+            self.context.detach()
 
     # -- where are we ----------------------------------------------------------------------------------------
     def _context(self) -> tuple[str, str, object]:
@@ -228,24 +179,13 @@ class Tracer(TorchDispatchMode):
         if node is not None:
             return "backward", node.metadata.get(TAG, ""), node
         if self.stack:
-            return "forward", self.stack[-1], None
+            return "forward", self.context.current(), None
         return "loss", "", None
-
-    def _module_class(self, path: str) -> tuple[str, str]:
-        """(class name, "package.module.Class") of the module at `path` ("" = the model)."""
-        if path not in self._classes:
-            try:
-                cls = type(self.model.get_submodule(path)) if path else type(self.model)
-                self._classes[path] = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
-            except AttributeError:
-                self._classes[path] = ("", "")
-        return self._classes[path]
 
     # -- the interception ------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._pending:
-            self._tag_pending()
+        self.context.tag_pending()
         if self.stop_at_first and self.first is not None:
             return func(*args, **kwargs)
         self.ops_seen += 1
@@ -265,7 +205,7 @@ class Tracer(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {id(t) for t in outs}
         outs += [t for t in written if id(t) not in seen]
-        pending = self._remember_nodes(outs, written)
+        pending = None if self.phase_override else self.context.remember(outs, written)
         bad = [t for t in outs if has_nonfinite(t)]
         if bad:
             event = self._judge(func, args, kwargs, outs, bad, written, before)
@@ -344,7 +284,7 @@ class Tracer(TorchDispatchMode):
         else:
             label = f"input `{name}` of {func}, a tensor made outside the traced ops"
         source, code = (forward_source_of(node), None) if node is not None else user_frame()
-        module_type, module_class = self._module_class(module)
+        module_type, module_class = self.context.module_class(module)
         return self.lineage.add(OpEvent(
             op="", phase=phase, module=module, module_type=module_type if phase != "loss" else "",
             kind="nan" if nan else "inf", source=source,
@@ -363,7 +303,7 @@ class Tracer(TorchDispatchMode):
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
-        module_type, module_class = self._module_class(module)
+        module_type, module_class = self.context.module_class(module)
         return self.lineage.add(OpEvent(
             op=str(func), phase=phase, module=module, module_type=module_type if phase != "loss" else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
