@@ -223,7 +223,8 @@ class Tracer(TorchDispatchMode):
             names, originals, values = [n for n, _, _ in before], [t for _, t, _ in before], [c for _, _, c in before]
         else:
             names, originals, values = [n for n, _ in tensors], [t for _, t in tensors], [t for _, t in tensors]
-        in_flags, out_flags = nonfinite_flags(values), nonfinite_flags(bad)
+        flags = nonfinite_flags(values + bad)  # one host sync for inputs and outputs
+        in_flags, out_flags = flags[:len(values)], flags[len(values):]
         in_nan, in_inf = any(f[0] for f in in_flags), any(f[1] for f in in_flags)
         out_nan, out_inf = any(f[0] for f in out_flags), any(f[1] for f in out_flags)
         inf_scalar = scalar_is_inf(scalars)
