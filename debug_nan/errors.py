@@ -1,7 +1,8 @@
 """Errors the user can fix (exit code 2), and how to name where user code raised."""
 
 import traceback
-from pathlib import Path
+
+from debug_nan.frames import short_path, user_frame_of_traceback
 
 
 class InputError(Exception):
@@ -11,8 +12,7 @@ class InputError(Exception):
 
 
 def describe_exception(exc: BaseException) -> str:
-    """'ValueError: message (at file.py:12)', at the innermost frame outside torch and the tool's driver."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename and "debug_nan/train/" not in f.filename]
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    """'ValueError: message (at model.py:12)', at the innermost user frame (debug_nan.frames decides which)."""
+    frame = user_frame_of_traceback(traceback.extract_tb(exc.__traceback__))
+    where = f" (at {short_path(frame.filename)}:{frame.lineno})" if frame is not None else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -1,239 +1,162 @@
 """Tier 2, the operator-level tracer: used only to replay the failing micro-batch.
 
-A TorchDispatchMode sees every aten operation, in forward, loss, backward and the optimizer. The origin is the
-first operation that gives birth to a non-finite value:
-  * a NaN in its output while no input held a NaN, or
-  * an Inf in its output while every input was finite and no scalar argument was +-inf (an `-inf` written by
-    masked_fill / fill / full / where for masking is deliberate and not a finding).
-Module context: forward pre/post hooks keep a stack of module paths. For backward, each module's post-hook tags
-the autograd nodes its forward created (node.metadata), and during backward the running node is asked for its
-tag; anomaly mode keeps each node's forward traceback, which gives backward ops their source line.
+A TorchDispatchMode sees every aten operation, in forward, loss, backward and the optimizer. An ORIGIN is
+  * an op whose output holds a NaN while no input held a NaN, or
+  * an op whose output holds an Inf while no input held an Inf (`deliberate` when a scalar argument is +-inf:
+    the -inf that masked_fill / fill / full / where write for masking), or
+  * a tensor that is already non-finite when the replay meets it: marked by the driver (`mark`: a batch tensor,
+    a parameter) or met as an op input (a buffer, a constant made outside the traced ops).
+Every non-finite value carries the origins it descends from (provenance.Lineage, by storage), so the driver asks,
+once harm is reached, for the earliest origin IN THE LINEAGE OF THE HARMED VALUE (`origin_of`); origins whose
+values never reach harm are ignored. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
+and a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
+hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
+(masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
+stop there.
+Module context (module_context.py): each autograd node is tagged with the module that ran the op creating it, so
+backward ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward
+traceback, which gives backward ops their source line.
+The finite path costs one aminmax per op output; lineage work happens only for non-finite outputs.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import sys
 import warnings
-from dataclasses import dataclass, field
+import weakref
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
 
-import debug_nan
+from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
+                                     named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf)
+from debug_nan.checks.module_context import ORIGIN_TAG, TAG, ModuleContext
+from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
+from debug_nan.checks.stats import flat_tensors
+from debug_nan.frames import source_from_stack_lines, user_frame
 
-TAG = "debug_nan_module"
-TORCH_DIR = os.path.dirname(torch.__file__)
-_PKG = os.path.dirname(os.path.abspath(debug_nan.__file__))
-# frames that are the tool, not the user's code: the checks, and the driver that calls the user's code
-TOOL_FILES = tuple(os.path.join(_PKG, sub) for sub in ("checks", os.path.join("train", "loop.py"),
-                                                       os.path.join("train", "task.py"), "runner.py", "cli.py"))
-DRIVER_FILES = TOOL_FILES[1:]
-# torch's plumbing (wrappers, dispatch): never the line to show, even when no user frame exists
-TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
-                                                                  "overrides.py", "autograd", "_compile.py"))
+__all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
-
-@dataclass
-class OpEvent:
-    """The birth of the first non-finite value: the op, where it ran, and its tensors (kept for diagnosis)."""
-
-    op: str
-    phase: str
-    module: str
-    module_type: str
-    kind: str  # "nan" | "inf"
-    source: str | None
-    source_line: str | None
-    backward_node: str | None
-    forward_source: str | None
-    inputs: list[tuple[str, torch.Tensor]]
-    outputs: list[tuple[str, torch.Tensor]]
-    scalars: dict[str, object] = field(default_factory=dict)
-    func: object = None
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    node: object = None  # the running autograd node (backward only)
-    saved: dict[str, torch.Tensor] = field(default_factory=dict)  # its saved forward tensors (_saved_self, ...)
-
-
-def _has_nan(t: torch.Tensor) -> bool:
-    return t.is_floating_point() and bool(torch.isnan(t).any())
-
-
-def _has_nonfinite(t: torch.Tensor) -> bool:
-    """One aminmax reduction (min/max propagate NaN and show +-Inf): several times faster than isfinite().all()."""
-    if t.is_complex():
-        return not bool(torch.isfinite(t).all())
-    if not t.is_floating_point() or t.numel() == 0:
-        return False
-    lo, hi = torch.aminmax(t.detach())
-    return not bool(torch.isfinite(torch.stack([lo, hi])).all())
-
-
-def _named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], dict[str, object]]:
-    """Tensor arguments by schema name (lists expanded as name[i]) and the non-tensor arguments."""
-    names = [a.name for a in func._schema.arguments]
-    tensors, scalars = [], {}
-    bound = list(zip(names, args)) + list(kwargs.items())
-    for name, value in bound:
-        if isinstance(value, torch.Tensor):
-            tensors.append((name, value))
-        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            tensors += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-        else:
-            scalars[name] = value
-    return tensors, scalars
-
-
-def _scalar_is_inf(scalars: dict[str, object]) -> bool:
-    flat, _ = tree_flatten(list(scalars.values()))
-    return any(isinstance(v, float) and math.isinf(v) for v in flat)
-
-
-def user_frame() -> tuple[str | None, str | None]:
-    """("file.py:57", code) of the innermost frame outside torch and the tool, else the innermost outside the tool."""
-    frame = sys._getframe(1)
-    fallback = found = None
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if fname.startswith(DRIVER_FILES):
-            break  # called by the tool itself (e.g. the optimizer step): the innermost library frame it is
-        if not fname.startswith(TOOL_FILES):
-            if fallback is None and not fname.startswith(TORCH_PLUMBING):
-                fallback = frame
-            if not fname.startswith(TORCH_DIR):
-                found = frame
-                break
-        frame = frame.f_back
-    frame = found or fallback
-    if frame is None:
-        return None, None
-    import linecache
-
-    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() or None
-    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}", code
-
-
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(debug_nan.__file__)))
-
-
-def _short(path: str) -> str:
-    """debug_nan/... for the tool's own files, a path relative to the working directory when inside it, else
-    the last two components."""
-    if path.startswith(PACKAGE_PARENT + os.sep) and "site-packages" not in os.path.relpath(path, PACKAGE_PARENT):
-        return os.path.relpath(path, PACKAGE_PARENT)
-    if "site-packages" + os.sep in path:  # an installed library: torch/optim/adam.py
-        return path.split("site-packages" + os.sep, 1)[1]
-    try:
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            return rel
-    except ValueError:
-        pass
-    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
 
 
 def forward_source_of(node) -> str | None:
     """The user line that created an autograd node, from anomaly mode's stored traceback."""
-    frames = node.metadata.get("traceback_") if node is not None else None
-    if not frames:
-        return None
-    for entry in reversed(frames):
-        line = entry.strip().splitlines()[0]  # '  File "x.py", line 57, in forward'
-        if TORCH_DIR in line or any(t in line for t in TOOL_FILES):
-            continue
-        try:
-            fname = line.split('"')[1]
-            lineno = line.split("line ")[1].split(",")[0]
-            return f"{_short(fname)}:{lineno}"
-        except IndexError:
-            continue
-    return None
-
-
-def _saved_tensors(node) -> dict[str, torch.Tensor]:
-    """The forward tensors an autograd node saved, read while it runs (they are freed after backward)."""
-    out = {}
-    for attr in dir(node):
-        if attr.startswith("_saved_") and not attr.endswith("_raw"):
-            try:
-                value = getattr(node, attr)
-            except RuntimeError:
-                continue
-            if isinstance(value, torch.Tensor):
-                out[attr[len("_saved_"):]] = value.detach().clone()
-    return out
-
-
-# ops whose output is uninitialised memory (it may hold an old NaN) or that overwrite their destination whole:
-# the destination's old contents are not an input
-UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted")
-OVERWRITING = ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_",
-               "geometric_", "cauchy_", "log_normal_", "set_", "_foreach_copy_", "_foreach_zero_")
-
-
-def _op_name(func) -> str:
-    return func._schema.name.split("::")[-1]
+    return source_from_stack_lines(node.metadata.get("traceback_")) if node is not None else None
 
 
 class StopReplay(Exception):
-    """Raised from inside the traced op once the origin is recorded: the rest of the replay is not needed."""
+    """Raised from inside the traced op once the first origin is recorded (stop_at_first=True)."""
 
 
 class Tracer(TorchDispatchMode):
-    """Records the first op that gives birth to a NaN/Inf. Use as a context manager around the replay.
+    """Records every origin of NaN/Inf and the lineage of every non-finite value. Use as a context manager
+    around the replay; `mark` the tensors that were non-finite before it; ask `origin_of(harmed tensors)`.
 
-    `phase` is set by the replay driver to "optimizer" around the optimizer step; otherwise the phase is derived:
-    backward while autograd runs, forward inside a module of `model`, loss outside any module."""
+    `phase_override` is set by the replay driver to "optimizer" around the optimizer step; otherwise the phase is
+    derived: backward while autograd runs, forward inside a module of `model`, loss outside any module.
+    `keep`: how many origins keep their tensors for diagnosis (later ones keep only where they ran)."""
 
-    def __init__(self, model: nn.Module, stop_at_first: bool = False):
+    def __init__(self, model: nn.Module, stop_at_first: bool = False, keep: int = 64):
         super().__init__()
         self.stop_at_first = stop_at_first
         self.model = model
-        self.names = {m: n for n, m in model.named_modules()}
-        self.stack: list[str] = []
+        self.context = ModuleContext(model, on_output=self._module_output)
         self.phase_override: str | None = None
-        self.first: OpEvent | None = None
+        self.first: OpEvent | None = None  # the first origin in time (NaN birth, or an Inf from finite inputs)
         self.ops_seen = 0
-        self.module_inf: OpEvent | None = None  # an Inf (from masking) that reached a module output
+        self.module_inf: OpEvent | None = None  # a deliberate Inf (a mask) that reached a module output
+        self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
-        self._handles = []
-        self._stop_nodes: list[set[int]] = []
+        self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
         self._anomaly = None
 
-    # -- module context --------------------------------------------------------------------------------------
-    def _pre(self, module, inputs, kwargs):
-        self.stack.append(self.names[module])
-        stops = set()
-        for t in tree_flatten((inputs, kwargs))[0]:
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                stops.add(id(t.grad_fn))
-        self._stop_nodes.append(stops)
+    @property
+    def origins(self) -> list[OpEvent]:
+        """Every origin recorded so far, in the order they happened."""
+        return self.lineage.origins
 
-    def _post(self, module, inputs, output):
-        name = self.stack.pop() if self.stack else self.names[module]
-        stops = self._stop_nodes.pop() if self._stop_nodes else set()
-        todo = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in stops or TAG in node.metadata:
+    # -- the driver's questions ----------------------------------------------------------------------------------
+    def mark(self, tensor: torch.Tensor, label: str, phase: str = "data") -> OpEvent | None:
+        """Register a tensor that is non-finite before the traced code uses it (a batch tensor: phase "data"; a
+        parameter or optimizer state: phase "optimizer") as an origin, so lineage can end there. Returns the
+        origin, or None when the tensor is finite."""
+        with _disable_current_modes():
+            ((nan, inf),) = nonfinite_flags([tensor])
+            if not (nan or inf):
+                return None
+            root_type, root_class = self.context.module_class("")
+            event = self.lineage.add(OpEvent(
+                op="", phase=phase, module="", module_type="", kind="nan" if nan else "inf", source=None,
+                source_line=None, backward_node=None, forward_source=None, inputs=[],
+                outputs=[(label, tensor.detach())], seq=self.ops_seen, label=label, module_class=root_class))
+            self.lineage.assign(tensor, frozenset([event.id]) if nan else NO_IDS,
+                                frozenset([event.id]) if inf else NO_IDS, replace=covers_storage(tensor))
+        return event
+
+    def mark_tree(self, tree, what: str, phase: str = "data") -> list[OpEvent]:
+        """mark() every tensor in a nest (a batch dict, a list of parameters), labelled "{what} `{path}`"."""
+        marks = [self.mark(t, f"{what} `{path}`" if path else what, phase) for path, t in flat_tensors(tree)]
+        return [m for m in marks if m is not None]
+
+    def reached(self, event: OpEvent, named: dict[str, torch.Tensor]) -> list[str]:
+        """The names of the given tensors (parameters, states, loss parts) whose non-finite values descend from
+        `event`: where an origin's values ended up, without relying on the identity of the event's own tensors
+        (copy-on-write may have replaced them)."""
+        out = []
+        for name, t in named.items():
+            entry = self.lineage.get(t) if isinstance(t, torch.Tensor) else None
+            if entry is not None and (event.id in entry[0] or event.id in entry[1]):
+                out.append(name)
+        return out
+
+    def origin_of(self, tensors) -> OpEvent | None:
+        """The earliest origin in the lineage of harmed values (a tensor, or any nest of them: the loss and its
+        parts, gradients, parameters, optimizer states), leaving out Infs written on purpose (masks) unless
+        nothing else is there. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (so an
+        overflow upstream of `inf - inf` is the answer, the -inf mask under a fully masked softmax is not). An
+        Inf-only harm's lineage: its Inf origins. Either way, a backward origin brings the forward origin of its
+        node. None when no harmed value is non-finite or none was made under the tracer."""
+        flat = [t for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)]
+        with _disable_current_modes():
+            flags = nonfinite_flags(flat)
+        nan_ids, inf_ids, any_nan = set(), set(), False
+        for t, (nan, inf) in zip(flat, flags):
+            entry = self.lineage.get(t) if (nan or inf) else None
+            if entry is None:
                 continue
-            node.metadata[TAG] = name
-            todo.extend(n for n, _ in node.next_functions if n is not None)
+            if nan:
+                any_nan = True
+                nan_ids |= entry[0]
+            if inf:
+                inf_ids |= entry[1]
+        return self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+
+    @staticmethod
+    def inf_sources(event: OpEvent) -> list[OpEvent]:
+        """For a NaN origin: the Inf origins its inputs carried (the overflow behind an `inf - inf`), earliest
+        first; empty otherwise."""
+        return list(event.inf_sources)
+
+    def _module_output(self, output) -> None:
+        """After each module's forward: does the last deliberate Inf (a mask) reach a module output?"""
         if self.first is None and self.module_inf is None and self._last_inf is not None:
-            for t in tree_flatten(output)[0]:
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isinf(t).any()):
-                    self.module_inf = self._last_inf
-                    break
+            with _disable_current_modes():
+                for t in tree_flatten(output)[0]:
+                    if isinstance(t, torch.Tensor) and nonfinite_flags([t])[0][1]:
+                        self.module_inf = self._last_inf
+                        break
+
+    @property
+    def stack(self) -> list[str]:
+        return self.context.stack
 
     def __enter__(self):
-        for m in self.names:
-            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self._handles.append(m.register_forward_hook(self._post))
+        self.context.attach()
+        for kind, named in (("parameter", self.model.named_parameters()), ("buffer", self.model.named_buffers())):
+            for name, t in named:
+                self._state_names[storage_key(t)] = (kind, name)
         self._anomaly = torch.autograd.set_detect_anomaly(True, check_nan=False)
         warnings.filterwarnings("ignore", message=".*anomaly.*")
         warnings.filterwarnings("ignore", message="Error detected in")  # anomaly mode on a stopped replay
@@ -245,10 +168,7 @@ class Tracer(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._anomaly.__exit__(None, None, None)
-            for h in self._handles:
-                h.remove()
-            self._handles = []
-            self.stack = []
+            self.context.detach()
 
     # -- where are we ----------------------------------------------------------------------------------------
     def _context(self) -> tuple[str, str, object]:
@@ -259,69 +179,137 @@ class Tracer(TorchDispatchMode):
         if node is not None:
             return "backward", node.metadata.get(TAG, ""), node
         if self.stack:
-            return "forward", self.stack[-1], None
+            return "forward", self.context.current(), None
         return "loss", "", None
-
-    def _module_type(self, path: str) -> str:
-        try:
-            return type(self.model.get_submodule(path)).__name__ if path else type(self.model).__name__
-        except AttributeError:
-            return ""
 
     # -- the interception ------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.first is not None:
+        self.context.tag_pending()
+        if self.stop_at_first and self.first is not None:
             return func(*args, **kwargs)
         self.ops_seen += 1
-        name = _op_name(func)
-        if name in UNINITIALISED:  # garbage by definition; what is written into it later is judged
+        info = op_info(func)
+        if info.name in UNINITIALISED:  # garbage by definition; what is written into it later is judged
             return func(*args, **kwargs)
-        mutable = func._schema.is_mutable
-        before = None
-        if mutable:  # an in-place op overwrites its input: judge the inputs before it runs
-            tensors, _ = _named_tensors(func, args, kwargs)
-            overwritten = name in OVERWRITING
-            before = [(n, t.detach().clone()) for n, t in tensors
-                      if n != "out" and not (overwritten and n == "self")]
+        written, before = [], None
+        if info.mutable:  # an in-place op overwrites its input: judge the inputs as they were before it ran
+            tensors, _ = named_tensors(func, args, kwargs)
+            written = [t for n, t in tensors if base_arg_name(n) in info.written]
+            self.lineage.protect(written)
+            dests = {id(t) for t in written}
+            # (name, tensor, its value before the op): only the destinations need a copy
+            before = [(n, t, t.detach().clone() if id(t) in dests else t) for n, t in tensors
+                      if base_arg_name(n) != "out" and not (info.overwriting and base_arg_name(n) == "self")]
         out = func(*args, **kwargs)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not outs and mutable:
-            outs = [t for _, t in _named_tensors(func, args, kwargs)[0]]
-        bad = [t for t in outs if _has_nonfinite(t)]
-        if not bad:
-            return out
-        tensors, scalars = _named_tensors(func, args, kwargs)
-        inputs = before if before is not None else tensors
-        out_nan = any(_has_nan(t) for t in bad)
-        in_nan = any(_has_nan(t) for _, t in inputs)
-        in_nonfinite = any(_has_nonfinite(t) for _, t in inputs)
-        if out_nan and not in_nan:
-            kind = "nan"
-        elif not out_nan and not in_nonfinite and not _scalar_is_inf(scalars):
-            kind = "inf"
-        else:
-            if not out_nan and not in_nonfinite:
-                self._last_inf = self._event(func, "inf", inputs, outs, scalars, args, kwargs)
-            return out
-        self.first = self._event(func, kind, inputs, outs, scalars, args, kwargs)
-        if self.stop_at_first:
-            raise StopReplay
+        seen = {id(t) for t in outs}
+        outs += [t for t in written if id(t) not in seen]
+        pending = None if self.phase_override else self.context.remember(outs, written)
+        bad = [t for t in outs if has_nonfinite(t)]
+        if bad:
+            event = self._judge(func, args, kwargs, outs, bad, written, before)
+            if pending is not None:
+                pending[2] = event
+        elif written and len(self.lineage):
+            self.lineage.cleared(written)
         return out
 
-    def _event(self, func, kind, inputs, outs, scalars, args, kwargs) -> OpEvent:
+    def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
+        """A non-finite output: is this op an origin (-> its OpEvent), and which origins does each non-finite
+        output carry?"""
+        tensors, scalars = named_tensors(func, args, kwargs)
+        if before is not None:
+            names, originals, values = [n for n, _, _ in before], [t for _, t, _ in before], [c for _, _, c in before]
+        else:
+            names, originals, values = [n for n, _ in tensors], [t for _, t in tensors], [t for _, t in tensors]
+        flags = nonfinite_flags(values + bad)  # one host sync for inputs and outputs
+        in_flags, out_flags = flags[:len(values)], flags[len(values):]
+        in_nan, in_inf = any(f[0] for f in in_flags), any(f[1] for f in in_flags)
+        out_nan, out_inf = any(f[0] for f in out_flags), any(f[1] for f in out_flags)
+        inf_scalar = scalar_is_inf(scalars)
+        nan_src, inf_src = set(), set()
+        for name, original, value, (nan, inf) in zip(names, originals, values, in_flags):
+            if nan or inf:
+                nan_ids, inf_ids = self._lineage_of(original, value, name, func, nan, inf)
+                nan_src |= nan_ids if nan else NO_IDS
+                inf_src |= inf_ids if inf else NO_IDS
+        nan_birth, inf_birth = out_nan and not in_nan, out_inf and not in_inf
+        event = None
+        if nan_birth or inf_birth:
+            deliberate = inf_scalar and not nan_birth
+            clones = {id(t): c for _, t, c in before if c is not t} if before is not None else {}
+            swap = lambda v: clones.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+            event = self._record(func, "nan" if nan_birth else "inf", list(zip(names, values)), outs, scalars,
+                                 tree_map(swap, args), tree_map(swap, kwargs), deliberate)
+            if nan_birth:
+                event.inf_sources = sorted((self.origins[i] for i in inf_src), key=lambda e: (e.seq, e.id))
+            if self.first is None and (nan_birth or not (out_nan or in_nan or in_inf or inf_scalar)):
+                self.first = event  # today's "first birth in time": a NaN birth or an Inf from finite inputs
+            if deliberate and not (out_nan or in_nan or in_inf):
+                self._last_inf = event
+        born = frozenset([event.id]) if event is not None else NO_IDS
+        new_nan = frozenset(nan_src) | (born if nan_birth else NO_IDS)
+        new_inf = frozenset(inf_src) | (born if inf_birth else NO_IDS)
+        written_ids, bad_ids = {id(t) for t in written}, {id(t) for t in bad}
+        for t, (nan, inf) in zip(bad, out_flags):
+            self.lineage.assign(t, new_nan if nan else NO_IDS, new_inf if inf else NO_IDS,
+                                replace=id(t) in written_ids and covers_storage(t))
+        self.lineage.cleared([t for t in written if id(t) not in bad_ids])
+        if self.stop_at_first and event is not None and self.first is event:
+            raise StopReplay
+        return event
+
+    def _lineage_of(self, original, value, name, func, nan: bool, inf: bool) -> tuple[frozenset, frozenset]:
+        """The origins a non-finite input carries; a value nobody traced (a buffer, a constant, a parameter left
+        non-finite and not marked) becomes an origin of its own here, where the replay first meets it."""
+        nan_ids, inf_ids = self.lineage.get(original) or (NO_IDS, NO_IDS)
+        missing_nan, missing_inf = nan and not nan_ids, inf and not inf_ids
+        if missing_nan or missing_inf:
+            event = self._adopt(original, value, name, func, missing_nan)
+            own = frozenset([event.id])
+            nan_ids, inf_ids = nan_ids | (own if missing_nan else NO_IDS), inf_ids | (own if missing_inf else NO_IDS)
+            self.lineage.assign(original, nan_ids, inf_ids, replace=False)
+        return nan_ids, inf_ids
+
+    def _adopt(self, original, value, name, func, nan: bool) -> OpEvent:
+        op = op_info(func).name
+        phase, module, node = self._context()
+        kind, state = self._state_names.get(storage_key(original), (None, None))
+        if kind == "parameter":
+            label, phase = f"parameter `{state}`", "optimizer"
+        elif kind == "buffer":
+            label, module = f"buffer `{state}`", state.rsplit(".", 1)[0] if "." in state else ""
+        elif op in LITERAL_OPS:
+            label = "a tensor literal (torch.tensor of Python numbers)"
+        else:
+            label = f"input `{name}` of {func}, a tensor made outside the traced ops"
+        source, code = (forward_source_of(node), None) if node is not None else user_frame()
+        module_type, module_class = self.context.module_class(module)
+        return self.lineage.add(OpEvent(
+            op="", phase=phase, module=module, module_type=module_type if phase != "loss" else "",
+            kind="nan" if nan else "inf", source=source,
+            source_line=code, backward_node=None, forward_source=None, inputs=[], outputs=[(label, value.detach())],
+            seq=self.ops_seen, label=label, module_class=module_class, deliberate=not nan and kind != "parameter"))
+
+    def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate) -> OpEvent:
         phase, module, node = self._context()
         source, code = user_frame()
         forward_source = None
         saved = {}
+        forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
             source, code = forward_source, None
-            saved = _saved_tensors(node)
-        return OpEvent(
-            op=str(func), phase=phase, module=module, module_type=self._module_type(module) if phase != "loss" else "",
+            saved = saved_tensors(node)
+            if ORIGIN_TAG in node.metadata:
+                forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
+        module_type, module_class = self.context.module_class(module)
+        return self.lineage.add(OpEvent(
+            op=str(func), phase=phase, module=module, module_type=module_type if phase != "loss" else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
-            scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node, args=args, kwargs=kwargs, saved=saved,
-        )
+            scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node,
+            args=args, kwargs=kwargs, saved=saved, seq=self.ops_seen, deliberate=deliberate,
+            module_class=module_class, forward_origin=forward_origin))

@@ -1,0 +1,2 @@
+"""The cause rules of tier 3 (diagnose.py runs them in order): each takes an OpEvent and returns (cause code,
+evidence in plain words) or None when it does not apply."""

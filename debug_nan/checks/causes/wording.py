@@ -1,0 +1,146 @@
+"""Suggestions per cause, and how rows of a tensor are named: in the AAM's terms (samples, ASV slots) only when
+the op ran in the built-in model, in neutral terms (samples, positions) for a user's own task."""
+
+from __future__ import annotations
+
+import torch
+
+from debug_nan.checks.events import OpEvent
+from debug_nan.checks.stats import flat_tensors
+
+BUILTIN_MODEL_PACKAGE = "debug_nan.model."
+
+SUGGESTIONS = {
+    "all_masked_softmax": [
+        "Guard rows with no valid key before the softmax (give them one key, or skip them), not after it: "
+        "zeroing the output with torch.where still leaks NaN into the gradients.",
+        "Drop all-padding rows before the encoder (pack the valid rows) or make the collate never emit empty rows.",
+    ],
+    "log_of_nonpositive": [
+        "Clamp the argument: torch.log(x.clamp_min(eps)), or use log_softmax / logsumexp instead of log(softmax).",
+        "Check why the value reached 0 or below (an underflowing probability, a zero count, a ReLU output).",
+    ],
+    "div_by_zero": [
+        "Add an epsilon to the denominator or clamp it: x / (s + eps), x / s.clamp_min(eps).",
+        "Check for empty groups: a sum over zero elements (masked row, empty sample) is 0, a mean over zero "
+        "elements (an empty selection, every target equal to ignore_index) is 0/0.",
+        "std/var of a single element with correction=1 (the default) is 0/0: use correction=0 or require n > 1.",
+    ],
+    "invalid_domain": [
+        "Clamp the input into the function's domain: sqrt(x.clamp_min(0)), acos(x.clamp(-1 + eps, 1 - eps)).",
+        "A fractional power of a negative number is NaN: use x.abs() or a sign-preserving form.",
+        "At a pole (atanh(+-1), lgamma(0), erfinv(+-1)) the value is infinite in any precision: keep the input "
+        "strictly inside the domain.",
+    ],
+    "grad_at_singularity": [
+        "Keep the forward away from the singular point: sqrt(x + eps) or sqrt(x.clamp_min(eps)) instead of "
+        "sqrt(x); for distances use torch.cdist on x, or add eps inside the norm.",
+        "If the singular entries are masked out of the loss (e.g. a distance matrix's diagonal), mask them "
+        "before the sqrt/norm: 0 * inf is still NaN.",
+    ],
+    "overflow": [
+        "Lower the learning rate or clip gradients (--max-grad-norm) if weights grew; check initialisation.",
+        "Run the op in float32 (autocast excludes it, or .float()) or use --precision bf16, whose range is fp32's.",
+        "Normalise before the op (LayerNorm, scaled dot products / sqrt(d)); use logsumexp instead of exp().sum().",
+    ],
+    "inf_arithmetic": [
+        "An Inf reached arithmetic (inf - inf, 0 * inf, inf / inf): find where the Inf came from and stop it there.",
+        "For masks, use a large finite negative (torch.finfo(dtype).min / 2) instead of -inf if rows can be empty.",
+    ],
+    "infeasible_target": [
+        "The target has probability 0 under the model: for CTC, every input must be at least as long as its "
+        "target plus its repeated labels; drop or truncate the samples that are not, or pass zero_infinity=True.",
+        "Check the lengths and the target encoding (blank index, padding values) of the samples named above.",
+    ],
+    "masked_value_used": [
+        "A value the mask excluded was still used: a target or an action on a masked position, or a sum over "
+        "masked scores. Select after masking only where the mask allows, or mask the loss terms too.",
+        "Use a large finite negative (torch.finfo(dtype).min / 2) instead of -inf for the mask value.",
+    ],
+    "nonfinite_input": [
+        "Filter or repair the data: the batch itself holds NaN/Inf before the model sees it.",
+        "Check the preprocessing that produced this key (division by zero totals, log of zero, missing values).",
+    ],
+    "nonfinite_parameter": [
+        "Lower the learning rate, add warmup, or clip gradients (--max-grad-norm).",
+        "Check optimizer hyperparameters (eps too small, betas) and the gradient magnitudes in the history table.",
+    ],
+    "gradient_explosion": [
+        "Lower the learning rate (e.g. 10x) or lengthen warmup; clip gradients with --max-grad-norm 1.0.",
+        "Look at the parameter with the largest gradient in the history table: add normalisation around it.",
+    ],
+    "unknown": [
+        "Read the op, module and input statistics above; rerun with --trace-every-step for the layer trace.",
+    ],
+}
+# only for an origin inside the built-in model (debug_nan.model): advice in the built-in pipeline's own terms
+BUILTIN_SUGGESTIONS = {
+    "all_masked_softmax": ["For the built-in AAM pipeline: run with --guards (the default)."],
+}
+
+
+def is_builtin(event: OpEvent) -> bool:
+    """Did the origin happen in the built-in model (its module's class lives in debug_nan.model)?"""
+    return event.module_class.startswith(BUILTIN_MODEL_PACKAGE)
+
+
+def suggestions_for(cause: str, event: OpEvent | None = None) -> list[str]:
+    extra = BUILTIN_SUGGESTIONS.get(cause, []) if event is not None and is_builtin(event) else []
+    return list(SUGGESTIONS[cause]) + extra
+
+
+def ranges(values: list[int]) -> str:
+    """[1,2,3,7,9,10] -> '1..3, 7, 9..10'."""
+    out, start, prev = [], None, None
+    for v in sorted(values):
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            out.append(f"{start}..{prev}" if prev > start else str(start))
+            start = prev = v
+    if start is not None:
+        out.append(f"{start}..{prev}" if prev > start else str(start))
+    return ", ".join(out)
+
+
+def batch_layout(batch) -> tuple[int | None, int | None, list[str] | None]:
+    """(B, A, sample_ids) from a batch: B and A from its first tensor with >= 3 dims ([B, A, L]), else B from its
+    first tensor with a dim."""
+    ids = batch.get("sample_ids") if isinstance(batch, dict) else None
+    b = a = None
+    for _, t in flat_tensors(batch):
+        if t.dim() >= 3:
+            b, a = t.shape[0], t.shape[1]
+            break
+    if b is None:
+        for _, t in flat_tensors(batch):
+            if t.dim() >= 1:
+                b = t.shape[0]
+                break
+    return b, a, (list(ids) if ids is not None else None)
+
+
+def describe_rows(first_dim_index: torch.Tensor, n_first: int, batch, aam: bool = False) -> str:
+    """Map indices into a tensor's first dim to samples: a first dim of B x A (a batch [B, A, ...] flattened) to
+    positions within samples ("ASV slots" when `aam`), a first dim of B to samples, anything else to rows."""
+    b, a, ids = batch_layout(batch) if batch is not None else (None, None, None)
+    idx = sorted(set(first_dim_index.tolist()))
+    if b and a and n_first == b * a:
+        per_sample: dict[int, list[int]] = {}
+        for i in idx:
+            per_sample.setdefault(i // a, []).append(i % a)
+        parts = []
+        for s, slots in list(per_sample.items())[:4]:
+            name = ids[s] if ids else f"#{s}"
+            if aam:
+                parts.append(f"ASV slots {ranges(slots)} of sample {name} ({len(slots)} slots)")
+            else:
+                parts.append(f"positions {ranges(slots)} of sample {name} ({len(slots)} of {a} along dim 1)")
+        more = f"; and {len(per_sample) - 4} more samples" if len(per_sample) > 4 else ""
+        return "; ".join(parts) + more
+    if b and n_first == b:
+        names = [ids[i] if ids else f"#{i}" for i in idx]
+        return f"samples {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
+    return f"rows {ranges(idx[:50])}" + (" ..." if len(idx) > 50 else "") + f" of dim 0 (size {n_first})"

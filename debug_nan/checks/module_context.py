@@ -1,0 +1,102 @@
+"""Which module is running, and which module's forward made each autograd node (for the tracer).
+
+Forward pre/post hooks keep a stack of module paths. Each autograd node is tagged (node.metadata) with the
+module on top of the stack when the op that created it ran: autograd attaches the node right after the op
+returns, so the op's outputs wait in `pending` and are tagged at the next op or hook. That puts a backward op in
+the innermost module whose forward made it, including ops in a parent's own body upstream of a child call. A
+module's post-hook also tags untagged nodes reachable from its outputs (a custom autograd.Function's own node,
+which no traced op creates).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+TAG = "debug_nan_module"
+ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
+
+
+class ModuleContext:
+    def __init__(self, model: nn.Module, on_output=None):
+        """on_output(output): called after each module's forward (with the module's output)."""
+        self.model = model
+        self.names = {m: n for n, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.on_output = on_output
+        self._handles = []
+        self._stop_nodes: list[dict[int, object]] = []
+        self._pending: list[list] = []  # [op outputs, module, origin or None]: their autograd node is tagged next
+        self._classes: dict[str, tuple[str, str]] = {}
+
+    def attach(self) -> None:
+        for m in self.names:
+            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._post))
+
+    def detach(self) -> None:
+        self.tag_pending()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.stack = []
+
+    def current(self) -> str:
+        """The innermost running module's path ("" outside any module)."""
+        return self.stack[-1] if self.stack else ""
+
+    def module_class(self, path: str) -> tuple[str, str]:
+        """(class name, "package.module.Class") of the module at `path` ("" = the model)."""
+        if path not in self._classes:
+            try:
+                cls = type(self.model.get_submodule(path)) if path else type(self.model)
+                self._classes[path] = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
+            except AttributeError:
+                self._classes[path] = ("", "")
+        return self._classes[path]
+
+    # -- tagging ---------------------------------------------------------------------------------------------------
+    def remember(self, outs: list[torch.Tensor], written: list[torch.Tensor]) -> list | None:
+        """An op (in forward or loss, grad enabled) just ran: tag the nodes autograd attaches to its outputs at
+        the next op or hook. Returns the pending entry, whose last slot takes the origin the op was, if any."""
+        if not torch.is_grad_enabled() or torch._C._current_autograd_node() is not None:
+            return None
+        bases = [t._base for t in written if t._base is not None]  # an in-place op on a view rebases its base
+        entry = [outs + bases, self.current(), None]
+        self._pending.append(entry)
+        return entry
+
+    def tag_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for tensors, module, origin in pending:
+            for t in tensors:
+                node = t.grad_fn
+                if node is None:
+                    continue
+                meta = node.metadata
+                if TAG not in meta:
+                    meta[TAG] = module
+                if origin is not None and ORIGIN_TAG not in meta:
+                    meta[ORIGIN_TAG] = origin.id
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+    def _pre(self, module, inputs, kwargs):
+        self.tag_pending()
+        self.stack.append(self.names[module])
+        self._stop_nodes.append({id(t.grad_fn): t.grad_fn for t in tree_flatten((inputs, kwargs))[0]
+                                 if isinstance(t, torch.Tensor) and t.grad_fn is not None})
+
+    def _post(self, module, inputs, output):
+        self.tag_pending()
+        name = self.stack.pop() if self.stack else self.names[module]
+        stops = self._stop_nodes.pop() if self._stop_nodes else {}
+        todo = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in stops or TAG in node.metadata:
+                continue
+            node.metadata[TAG] = name
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+        if self.on_output is not None:
+            self.on_output(output)

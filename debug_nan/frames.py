@@ -1,0 +1,112 @@
+"""Which stack frame is the user's: one rule for source lines (the tracer) and error messages (errors.py).
+
+A frame is one of
+  * "tool": debug_nan's own machinery (checks, the training driver, the runner, the CLI, the API);
+  * "user": anything outside torch and the tool, plus the built-in pipeline's own model, data and task code
+    (debug_nan/model/, debug_nan/data/, debug_nan/train/aam_task.py), which play the user's part for it;
+  * "torch": a torch library frame worth showing when no user frame exists (torch/optim/adam.py);
+  * "plumbing": torch's wrappers and dispatch, never the line to show.
+The layout is read from the installed package's directory, so it holds wherever debug_nan is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import linecache
+import os
+import sys
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
+# located without importing torch: errors.py uses this module, and the CLI answers --help before torch loads
+_TORCH_SPEC = importlib.util.find_spec("torch")
+TORCH_DIR = (os.path.dirname(os.path.abspath(_TORCH_SPEC.origin)) if _TORCH_SPEC and _TORCH_SPEC.origin
+             else "<no torch>")
+# the built-in pipeline's "user code": what a --task file holds for a user's own model
+BUILTIN_USER_CODE = tuple(os.path.join(PACKAGE_DIR, *part) for part in (("model", ""), ("data", ""),
+                                                                         ("train", "aam_task.py")))
+TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
+                                                                  "overrides.py", "autograd", "_compile.py"))
+
+
+def frame_kind(filename: str) -> str:
+    """"tool" | "user" | "torch" | "plumbing" for a frame's file name (see the module docstring)."""
+    if filename.startswith(PACKAGE_DIR + os.sep):
+        return "user" if filename.startswith(BUILTIN_USER_CODE) else "tool"
+    if filename.startswith(TORCH_DIR + os.sep):
+        return "plumbing" if filename.startswith(TORCH_PLUMBING) else "torch"
+    return "user"
+
+
+def short_path(path: str) -> str:
+    """debug_nan/... for the tool's own files, torch/... for installed libraries, a path relative to the
+    working directory when inside it, else the last two components."""
+    if path.startswith(PACKAGE_PARENT + os.sep) and "site-packages" not in os.path.relpath(path, PACKAGE_PARENT):
+        return os.path.relpath(path, PACKAGE_PARENT)
+    if "site-packages" + os.sep in path:
+        return path.split("site-packages" + os.sep, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            return rel
+    except ValueError:  # another drive (Windows)
+        pass
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
+def pick_frame(files_innermost_first) -> int | None:
+    """Index of the frame to show among (filename) given innermost first: the innermost user frame; else the
+    innermost torch library frame. The tool's frames on top of the stack (the tracer itself) are skipped; a tool
+    frame below user or library frames is the driver that called them, and the search ends there."""
+    fallback = None
+    outside = False
+    for i, filename in enumerate(files_innermost_first):
+        kind = frame_kind(filename)
+        if kind == "tool":
+            if outside:
+                break
+            continue
+        outside = True
+        if kind == "user":
+            return i
+        if kind == "torch" and fallback is None:
+            fallback = i
+    return fallback
+
+
+def user_frame(depth: int = 1) -> tuple[str | None, str | None]:
+    """("file.py:57", code) of the running code's frame to show (see pick_frame), else (None, None)."""
+    frames = []
+    frame = sys._getframe(depth)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    i = pick_frame(f.f_code.co_filename for f in frames)
+    if i is None:
+        return None, None
+    chosen = frames[i]
+    code = linecache.getline(chosen.f_code.co_filename, chosen.f_lineno).strip() or None
+    return f"{short_path(chosen.f_code.co_filename)}:{chosen.f_lineno}", code
+
+
+def source_from_stack_lines(lines: list[str]) -> str | None:
+    """"file.py:57" from a formatted stack (traceback.format_stack, outermost first, as anomaly mode stores it
+    for each autograd node): the innermost user frame, or None."""
+    for entry in reversed(lines or []):
+        head = entry.strip().splitlines()[0] if entry.strip() else ""  # 'File "x.py", line 57, in forward'
+        try:
+            filename = head.split('"')[1]
+            lineno = int(head.split("line ")[1].split(",")[0])
+        except (IndexError, ValueError):
+            continue
+        if frame_kind(filename) == "user":
+            return f"{short_path(filename)}:{lineno}"
+    return None
+
+
+def user_frame_of_traceback(summaries) -> object | None:
+    """The innermost user FrameSummary of traceback.extract_tb(...) (outermost first), else None."""
+    for frame in reversed(list(summaries)):
+        if frame_kind(frame.filename) == "user":
+            return frame
+    return None
