@@ -16,7 +16,7 @@ SCENARIOS = REPO / "tests" / "scenarios.py"
 
 
 # modules whose every test runs the tool end to end (a subprocess, torchrun, a script)
-E2E_MODULES = {"test_distributed", "test_remote_script", "test_benchmarks", "test_bundle"}
+E2E_MODULES = {"test_cli", "test_distributed", "test_remote_script", "test_benchmarks", "test_bundle"}
 
 
 def pytest_collection_modifyitems(items):

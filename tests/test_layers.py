@@ -3,6 +3,7 @@ its own. data -> model -> checks -> train -> report -> replay / runner / api -> 
 package root are the foundation every layer may use)."""
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def resolve(module: str, known: set[str]) -> str:
     return module if module in known else module.rsplit(".", 1)[0]
 
 
+@lru_cache(maxsize=1)
 def imports() -> list[tuple[str, str, bool, int]]:
     """(importer, imported, lazy, line) for every import of a debug_nan module."""
     files = sorted(PACKAGE.rglob("*.py"))
