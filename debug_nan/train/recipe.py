@@ -52,6 +52,7 @@ def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.l
 
 def build_recipe(task, settings, params: list[torch.nn.Parameter], log) -> Recipe:
     origin = {}
+    own = "the task's" if task.spec else "the built-in pipeline's"
     if task.optimizer is None:
         optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
         origin["optimizer"] = "--lr, --weight-decay"
@@ -60,7 +61,7 @@ def build_recipe(task, settings, params: list[torch.nn.Parameter], log) -> Recip
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InputError(f"--task {task.spec}: optimizer(params) must return a torch.optim.Optimizer, got "
                              f"{type(optimizer).__name__}.")
-        origin["optimizer"] = "the task's"
+        origin["optimizer"] = own
     scheduler = None
     if settings.warmup_steps is not None:
         if task.scheduler is not None:
@@ -69,10 +70,10 @@ def build_recipe(task, settings, params: list[torch.nn.Parameter], log) -> Recip
         origin["scheduler"] = f"--warmup-steps {settings.warmup_steps}"
     elif task.scheduler is not None:
         scheduler = _checked_scheduler(task, _call(task, "scheduler(optimizer)", task.scheduler, optimizer))
-        origin["scheduler"] = "the task's"
+        origin["scheduler"] = own
     clip = task.max_grad_norm
     if clip:
-        origin["max_grad_norm"] = "the task's"
+        origin["max_grad_norm"] = own
     if settings.max_grad_norm is not None:
         clip = settings.max_grad_norm
         origin["max_grad_norm"] = "--max-grad-norm"
