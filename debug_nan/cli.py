@@ -1,6 +1,8 @@
 """The command line: `debug-nan [OPTIONS]` runs the job; `debug-nan replay BUNDLE` re-runs a saved finding.
 
 Exit codes: 0 clean, 1 non-finite found (or the task's code failed), 2 bad usage or bad input, 130 Ctrl-C.
+The only module that prints usage errors and ends the process: the library raises InputError and returns codes.
+Everything that imports torch is imported inside the commands, so --help and usage errors answer at once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sys
 import click
 
 from debug_nan.errors import InputError
+from debug_nan.report.log import error_line
 from debug_nan.settings import CHOICES, RunSettings, build_settings
 
 DEFAULTS = RunSettings()
@@ -37,12 +40,16 @@ RUN_OPTIONS = [
     _opt("--device", type=str, help="auto, cpu, cuda or cuda:N."),
     _opt("--max-steps", type=int, help="Optimizer steps to run."),
     _opt("--seed", type=int, help="Seed for data order, synthetic data, init and dropout."),
-    _opt("--lr", type=float, help="Peak learning rate (AdamW)."),
-    _opt("--weight-decay", type=float, help="AdamW weight decay."),
-    _opt("--warmup-steps", type=int, help="Linear warmup steps."),
+    _opt("--lr", type=float, help="Peak learning rate of the default optimizer, AdamW (a task's own optimizer "
+                                  "keeps its own)."),
+    _opt("--weight-decay", type=float, help="AdamW weight decay (the default optimizer)."),
+    _opt("--warmup-steps", type=int, help="Linear warmup over this many steps, replacing the task's own schedule "
+                                          "[default: the task's own; the built-in pipeline warms up over 2]."),
     _opt("--precision", type=click.Choice(CHOICES["precision"]), help="fp32, or autocast bf16/fp16 (fp16 with a "
                                                                        "gradient scaler)."),
-    _opt("--max-grad-norm", type=float, help="Clip the total gradient norm (0 disables)."),
+    _opt("--max-grad-norm", type=float, help="Clip the total gradient norm to this, replacing the task's own "
+                                             "clipping; 0 disables [default: the task's own; the built-in "
+                                             "pipeline clips at 1.0, a --task only if it sets max_grad_norm]."),
     _opt("--guards/--no-guards", help="Padding guards in the built-in model; --no-guards reproduces the "
                                       "pre-fix NaN. [default: guards]"),
     _opt("--asv-order", type=click.Choice(CHOICES["asv_order"]), help="Which ASVs a truncated sample keeps."),
@@ -78,13 +85,30 @@ def run_options(fn):
     return fn
 
 
-def fail(message: str, log=None) -> None:
-    """Print a one-paragraph error (stderr, and the log copy when open) and exit 2."""
-    text = f"debug-nan: error: {message}"
-    click.echo(text, err=True)
-    if log is not None and log.copy:
-        log.copy.write(text + "\n")
+def fail(message: str, report: str | None = None) -> None:
+    """Print a one-paragraph error on stderr, leave an error report where --report asked for one (when its
+    folder is writable), and exit 2."""
+    click.echo(error_line(message), err=True)
+    if report:
+        from debug_nan.report.summary import check_writable, write_error_report
+
+        try:
+            check_writable(report, "--report")
+            write_error_report(report, message, 2)
+        except (InputError, OSError):
+            pass
     sys.exit(2)
+
+
+def _main_rank() -> bool:
+    """Under torchrun only rank 0 writes the report (a malformed environment counts as a single process)."""
+    from debug_nan.train import distributed
+
+    try:
+        ctx = distributed.detect()
+    except InputError:
+        return True
+    return ctx is None or ctx.is_main
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"],
@@ -105,16 +129,20 @@ def main(ctx: click.Context, config, **flags):
     if ctx.invoked_subcommand is not None:
         return
     from debug_nan.runner import run_job
+    from debug_nan.train import distributed
 
+    report = flags.get("report")
     try:
         settings = build_settings(config, flags)
-    except InputError as exc:
-        fail(str(exc))
-    try:
+        report = settings.report
         code = run_job(settings)
+    except InputError as exc:
+        fail(str(exc), report if _main_rank() else None)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which writes its own partial summary)
         click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
-        code = 130
+        sys.exit(130)
+    if distributed.detect() is not None:
+        distributed.leave_together(code)  # every rank leaves with its own code once all are done
     sys.exit(code)
 
 
@@ -125,10 +153,12 @@ def main(ctx: click.Context, config, **flags):
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="A copy of the text log.")
 def replay(bundle, device, report, log_path):
     """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
-    from debug_nan.runner import run_replay
+    from debug_nan.replay import run_replay
 
     try:
         code = run_replay(bundle, device, report, log_path)
+    except InputError as exc:
+        fail(str(exc), report)
     except KeyboardInterrupt:
         click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
         code = 130

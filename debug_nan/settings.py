@@ -1,8 +1,15 @@
-"""Run settings: one flat dataclass, filled from defaults, then a TOML config file, then explicit CLI flags."""
+"""Run settings: one dataclass, filled from defaults, then a TOML config file, then explicit CLI flags.
+
+The config file groups the settings in tables, each key in exactly one (SECTIONS): [data], [model], [train],
+[checks], [output]. A key in the wrong table, an unknown key or an unknown table is an error that names the key,
+the table and the right table. Keys may also stand at the top level, outside any table (a short config of a few
+keys needs no tables); a table and the top level may not both set the same key.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import tomllib
 from dataclasses import dataclass, fields
@@ -48,10 +55,10 @@ class RunSettings:
     device: str = "auto"
     max_steps: int = 10
     gradient_accumulation_steps: int = 1
-    lr: float = 1e-4
+    lr: float = 1e-4  # the default optimizer's (AdamW): a task's own optimizer sets its own
     weight_decay: float = 0.01
-    warmup_steps: int = 2
-    max_grad_norm: float | None = 1.0
+    warmup_steps: int | None = None  # None: the task's own schedule (the built-in pipeline: warmup 2)
+    max_grad_norm: float | None = None  # None: the task's own clipping (the built-in pipeline: 1.0); 0: none
     precision: str = "fp32"
     seed: int = 42
     # checks
@@ -71,6 +78,19 @@ class RunSettings:
 
 
 FIELD_TYPES = {f.name: f.type for f in fields(RunSettings)}
+
+SECTIONS = {
+    "data": ("data_dir", "table", "tree", "sequences", "token_limit", "batch_size", "asv_order", "rarefy_depth",
+             "unifrac", "synthetic_samples"),
+    "model": ("d_model", "heads", "asv_layers", "sample_layers", "encoder_layers", "ffn_mult", "dropout", "guards",
+              "asv_chunk_size", "nuc_weight", "unifrac_weight"),
+    "train": ("task", "device", "max_steps", "gradient_accumulation_steps", "lr", "weight_decay", "warmup_steps",
+              "max_grad_norm", "precision", "seed"),
+    "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth"),
+    "output": ("report", "log", "plot", "bundle_dir", "bundle"),
+}
+TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
+assert sorted(TABLE_OF) == sorted(FIELD_TYPES), "every setting belongs to exactly one config table"
 
 
 def _check_value(name: str, value: Any, origin: str) -> Any:
@@ -96,7 +116,7 @@ def _check_value(name: str, value: Any, origin: str) -> Any:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a TOML job config. Tables ([data], [model], ...) only group keys; every key must be a known setting."""
+    """Read a TOML job config into {setting: value}, validating every table, key and value."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -104,23 +124,43 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise InputError(f"Config file {path} does not exist (given with --config).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"Config file {path} is not valid TOML: {exc}.") from None
-    flat: dict[str, Any] = {}
+    where = f"Config file {path}"
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            if key not in SECTIONS:
+                hint = difflib.get_close_matches(key, SECTIONS, n=1)
+                raise InputError(f"{where}: unknown table [{key}]"
+                                 f"{f' (did you mean [{hint[0]}]?)' if hint else ''}. The tables are "
+                                 f"{', '.join(f'[{t}]' for t in SECTIONS)}.")
+            for name, item in value.items():
+                _put(values, _setting(name, item, key, where), item, f"[{key}]", where)
+        else:
+            _put(values, _setting(key, value, None, where), value, "the top level", where)
+    return values
 
-    def walk(table: dict[str, Any], where: str) -> None:
-        for key, value in table.items():
-            if isinstance(value, dict):
-                walk(value, f"{where}[{key}] ")
-                continue
-            name = key.replace("-", "_")
-            if name not in FIELD_TYPES:
-                raise InputError(
-                    f"Config file {path}: unknown key `{key}` {where.strip()}. "
-                    f"Known keys are the long CLI option names, e.g. token_limit, batch_size, d_model."
-                )
-            flat[name] = _check_value(name, value, f"Config file {path}")
 
-    walk(raw, "")
-    return flat
+def _setting(key: str, value: Any, table: str | None, where: str) -> str:
+    """The setting a key names, checked against its table (None: the top level, where any setting may stand)."""
+    name = key.replace("-", "_")
+    place = f"[{table}]" if table else "the top level"
+    if name not in FIELD_TYPES:
+        hint = difflib.get_close_matches(name, FIELD_TYPES, n=1)
+        raise InputError(f"{where}: unknown key `{key}` in {place}"
+                         f"{f' (did you mean `{hint[0]}` in [{TABLE_OF[hint[0]]}]?)' if hint else ''}. Keys are the "
+                         f"long CLI option names, e.g. token_limit in [data], d_model in [model], lr in [train].")
+    if isinstance(value, dict):
+        raise InputError(f"{where}: `{key}` in {place} is a table; settings are plain values (`{name}` belongs in "
+                         f"[{TABLE_OF[name]}]).")
+    if table is not None and TABLE_OF[name] != table:
+        raise InputError(f"{where}: key `{key}` is in [{table}] but belongs in [{TABLE_OF[name]}]; move it there.")
+    return name
+
+
+def _put(values: dict[str, Any], name: str, value: Any, place: str, where: str) -> None:
+    if name in values:
+        raise InputError(f"{where}: `{name}` is set twice (again in {place}); keep one.")
+    values[name] = _check_value(name, value, where)
 
 
 def build_settings(config_path: str | None, overrides: dict[str, Any]) -> RunSettings:
@@ -155,7 +195,7 @@ def validate(s: RunSettings) -> None:
         value = getattr(s, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise InputError(f"{option(name)} must be a finite number >= 0, got {value}.")
-    if s.warmup_steps < 0:
+    if s.warmup_steps is not None and s.warmup_steps < 0:
         raise InputError(f"--warmup-steps must be >= 0, got {s.warmup_steps}.")
     if not 0 <= s.seed < 2**63:
         raise InputError(f"--seed must be in 0 .. 2^63 - 1, got {s.seed}.")

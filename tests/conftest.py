@@ -15,6 +15,18 @@ TINY = str(REPO / "configs" / "tiny.toml")
 SCENARIOS = REPO / "tests" / "scenarios.py"
 
 
+# modules whose every test runs the tool end to end (a subprocess, torchrun, a script)
+E2E_MODULES = {"test_cli", "test_distributed", "test_remote_script", "test_benchmarks", "test_bundle"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark the end-to-end tests (through the CLI or a subprocess) `e2e`: `pytest -m "not e2e"` is the fast
+    unit layer."""
+    for item in items:
+        if "run_cli" in getattr(item, "fixturenames", ()) or item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DEBUG_NAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))

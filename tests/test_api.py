@@ -55,3 +55,40 @@ def test_unrelated_bug_is_re_raised_as_is():
     with pytest.raises(KeyError):
         with monitor.step(task.batches[0]):
             raise KeyError("not a numerical problem")
+
+
+def test_a_validation_pass_between_steps_is_not_watched():
+    """Only inside step(): a NaN in an evaluation forward between steps is not the training loop's trip."""
+    task = scenarios.healthy_masks()
+    poisoned = scenarios.masked_softmax().batches[0]  # sample 2 has every key masked: NaN output
+    optimizer = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
+    monitor = debug_nan.Monitor(task.model, task.loss, optimizer)
+    for batch in task.batches[:3]:
+        with monitor.step(batch) as step:
+            loss = task.loss(task.model, batch)
+            step.watch_loss(loss)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        with torch.no_grad():
+            assert torch.isnan(task.model(poisoned["x"], poisoned["valid"])).any()
+    assert monitor.steps == 3
+
+
+def test_close_removes_the_hooks_and_ends_the_monitor():
+    task = scenarios.healthy_masks()
+    hooked = lambda: sum(len(m._forward_hooks) for m in task.model.modules())  # noqa: E731
+    before = hooked()
+    with debug_nan.Monitor(task.model, task.loss) as monitor:
+        assert hooked() > before
+    assert hooked() == before and monitor.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        with monitor.step(task.batches[0]):
+            pass
+
+
+def test_the_monitor_is_a_step_driver():
+    from debug_nan.checks.driver import StepDriver
+
+    task = scenarios.healthy_masks()
+    assert isinstance(debug_nan.Monitor(task.model, task.loss), StepDriver)

@@ -1,1 +1,2 @@
-"""Checks tier: watch (always on, on-device flags), pinpoint (op-level replay), diagnose (named causes)."""
+"""Checks tier: watch (always on), snapshot, pinpoint (op-level replay through the StepDriver seam), diagnose (named
+causes), the Finding. No file I/O, no Trainer."""

@@ -1,7 +1,8 @@
 """The state just before an optimizer step's first micro-batch, so a failing micro-batch can be replayed.
 
-Parameters and optimizer state are copied on their device into buffers allocated once (`_foreach_copy_`), the
-scaler/scheduler state is kept as a dict, and the RNG state is captured before every micro-batch.
+Parameters, buffers and optimizer state are copied on their device into buffers allocated once
+(`_foreach_copy_`), each module's `training` flag is kept (a submodule the user froze in eval mode replays in
+eval mode), the scaler/scheduler state is kept as a dict, and the RNG state is captured before every micro-batch.
 """
 
 from __future__ import annotations
@@ -49,21 +50,27 @@ def _restore_scaler(scaler, state: dict | None) -> None:
 
 
 class Snapshot:
-    """save() before each optimizer step; restore() puts model, optimizer, scaler and scheduler back."""
+    """save() before each optimizer step; restore() puts model (parameters, buffers, training flags), optimizer,
+    scaler and scheduler back. The optimizer may be None (the API's Monitor without one)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None, scheduler=None):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scaler=None,
+                 scheduler=None):
         self.model, self.optimizer, self.scaler, self.scheduler = model, optimizer, scaler, scheduler
         self._params = [p for p in model.parameters()]
         self._param_copies = [p.detach().clone() for p in self._params]
         # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
         self._buffers = [b for b in model.buffers()]
         self._buffer_copies = [b.detach().clone() for b in self._buffers]
+        self._modules = [m for m in model.modules()]
+        self._training: list[bool] = [m.training for m in self._modules]
         self._state_keys: list[tuple[torch.Tensor, str]] = []
         self._state_copies: list[torch.Tensor] = []
         self._other_state: dict = {}
 
     def _state_tensors(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         out = []
+        if self.optimizer is None:
+            return out
         for p in self._params:
             for key, value in self.optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
@@ -82,22 +89,36 @@ class Snapshot:
                 self._state_copies = [v.detach().clone() for _, _, v in state]
             elif state:
                 torch._foreach_copy_(self._state_copies, [v.detach() for _, _, v in state])
+        self._training = [m.training for m in self._modules]
+        opt_state = self.optimizer.state if self.optimizer is not None else {}
         self._other_state = {
-            "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in self.optimizer.state.get(p, {}).items()
+            "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in opt_state.get(p, {}).items()
                                             if not isinstance(v, torch.Tensor)} for p in self._params},
-            "had_state": {id(p) for p in self._params if p in self.optimizer.state},
+            "had_state": {id(p) for p in self._params if p in opt_state},
             # lr and the other hyperparameters live in the param groups (the scheduler writes them there)
             "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                       for g in self.optimizer.param_groups],
+                       for g in (self.optimizer.param_groups if self.optimizer is not None else [])],
             "scaler": _scaler_state(self.scaler),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
         }
 
     def restore(self) -> None:
+        for m, training in zip(self._modules, self._training):
+            m.training = training  # the flag alone: a module's train() override is not re-run mid-step
         with torch.no_grad():
             torch._foreach_copy_([p.data for p in self._params], self._param_copies)
             for b, saved in zip(self._buffers, self._buffer_copies):
                 b.copy_(saved)
+        for p in self._params:
+            p.grad = None
+        if self.optimizer is not None:
+            self._restore_optimizer()
+        _restore_scaler(self.scaler, self._other_state["scaler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(self._other_state["scheduler"])
+
+    def _restore_optimizer(self) -> None:
+        with torch.no_grad():
             for p in self._params:
                 if id(p) not in self._other_state["had_state"]:
                     self.optimizer.state.pop(p, None)
@@ -108,17 +129,12 @@ class Snapshot:
             for p in self._params:
                 for k, v in self._other_state["optimizer_nontensor"].get(id(p), {}).items():
                     self.optimizer.state[p][k] = copy.deepcopy(v)
-        for p in self._params:
-            p.grad = None
         for group, saved in zip(self.optimizer.param_groups, self._other_state["groups"]):
             group.update(copy.deepcopy(saved))
-        _restore_scaler(self.scaler, self._other_state["scaler"])
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(self._other_state["scheduler"])
 
     def state_dicts(self) -> dict:
-        """Model, optimizer, scaler and scheduler state as of save(), on the CPU, for a repro bundle. It restores
-        the snapshot to read them, so call it when the live state is no longer needed (after a replay)."""
+        """Model, optimizer, scaler and scheduler state and the training flags as of save(), on the CPU (for a
+        repro bundle). It restores the snapshot to read them: call it when the live state is no longer needed."""
         self.restore()
 
         def cpu(obj):
@@ -130,6 +146,22 @@ class Snapshot:
                 return type(obj)(cpu(v) for v in obj)
             return copy.deepcopy(obj)
 
-        return {"model": cpu(self.model.state_dict()), "optimizer": cpu(self.optimizer.state_dict()),
+        return {"model": cpu(self.model.state_dict()),
+                "optimizer": cpu(self.optimizer.state_dict()) if self.optimizer is not None else None,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "scheduler": self._other_state["scheduler"]}
+                "scheduler": self._other_state["scheduler"],
+                "training": {name: m.training for name, m in self.model.named_modules()}}
+
+    def load_state_dicts(self, states: dict) -> None:
+        """The inverse of state_dicts(): load them into the live model, optimizer, scaler and scheduler (a repro
+        bundle's, rebuilt on another machine), then save() them as this snapshot."""
+        self.model.load_state_dict(states["model"])
+        if self.optimizer is not None and states.get("optimizer") is not None:
+            self.optimizer.load_state_dict(states["optimizer"])
+        if self.scaler is not None and states.get("scaler"):
+            self.scaler.load_state_dict(states["scaler"])
+        if self.scheduler is not None and states.get("scheduler"):
+            self.scheduler.load_state_dict(states["scheduler"])
+        for name, m in self.model.named_modules():
+            m.training = states.get("training", {}).get(name, m.training)
+        self.save()

@@ -84,14 +84,36 @@ def flat_tensors(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def move_to(obj, device: torch.device):
-    """Copy every tensor in a nested batch to `device` (non_blocking); other values pass through."""
+def move_to(obj, device: torch.device, copy: bool = False):
+    """Every tensor in a nested batch on `device` (non_blocking); other values pass through. With copy=True
+    every tensor is a fresh copy even where it is already on `device` (a replay must not share storage with
+    anything user code may change in place)."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
+        return obj.to(device, non_blocking=True, copy=copy)
     if isinstance(obj, dict):
-        return {k: move_to(v, device) for k, v in obj.items()}
+        return {k: move_to(v, device, copy) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(move_to(v, device) for v in obj))
+        return type(obj)(*(move_to(v, device, copy) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(move_to(v, device) for v in obj)
+        return type(obj)(move_to(v, device, copy) for v in obj)
     return obj
+
+
+def capture_batch(obj, device: torch.device):
+    """The batch as produced, safe from in-place changes by user code: tensors already on `device` (which the
+    run would hand to user code as they are) are cloned; the others are kept, since the run only ever gives user
+    code a copy of them on `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone() if _may_alias(obj.device, device) else obj
+    if isinstance(obj, dict):
+        return {k: capture_batch(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(capture_batch(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(capture_batch(v, device) for v in obj)
+    return obj
+
+
+def _may_alias(a: torch.device, b: torch.device) -> bool:
+    """Whether .to(b) may return a tensor on `a` itself (a device without an index may be the current one)."""
+    return a.type == b.type and (a.index == b.index or a.index is None or b.index is None)

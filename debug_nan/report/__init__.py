@@ -1,1 +1,1 @@
-"""Report tier: the finding, the text log and the JSON report."""
+"""Report tier: the text log and its per-step lines, the summary and the JSON report, repro bundles (a file format)."""

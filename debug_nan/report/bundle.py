@@ -1,50 +1,30 @@
-"""Repro bundles: one file that replays a finding, on this machine or another (CPU or GPU).
+"""Repro bundles, the file format: one file that replays a finding, on this machine or another (CPU or GPU).
 
-It holds the model and optimizer (+ scaler, scheduler) state from just before the failing step, the step's
-micro-batches up to the failing one as produced (CPU), the RNG state before each, the settings and the task
-reference. `debug-nan replay BUNDLE` rebuilds the model (the built-in one from the settings, or the --task from
-its reference), loads the state and replays that micro-batch under the op-level tracer.
+It holds what the Trainer's repro_state() gives (the model, optimizer, scaler and scheduler state and each
+module's training flag from just before the failing step, the step's micro-batches up to the failing one as
+produced, on the CPU, the RNG state before each, the settings) plus the task reference: a --task file's absolute
+path and text, so a replay works from another folder or machine. replay.py rebuilds the run from it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import tempfile
 from pathlib import Path
 
 import torch
 
-from debug_nan.checks.pinpoint import StepInputs
-from debug_nan.checks.stats import move_to
-from debug_nan.checks.watch import Check
+from debug_nan.checks.finding import Finding
 from debug_nan.errors import InputError
-from debug_nan.report.finding import Finding
-from debug_nan.settings import RunSettings
 
 BUNDLE_VERSION = 1
 
 
-def write_bundle(trainer, inputs: StepInputs, micro: int, finding: Finding, check: Check | None,
-                 optimizer_phase: bool, directory: str | Path) -> Path:
+def write_bundle(directory: str | Path, state: dict) -> Path:
+    """Write `state` (Trainer.repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"debug-nan-bundle-step{inputs.step}-micro{micro}.pt"
-    states = inputs.snapshot.state_dicts()
-    n = trainer.accum if optimizer_phase else micro
-    data = {
-        "version": BUNDLE_VERSION,
-        "finding": finding.to_dict(),
-        "step": inputs.step,
-        "micro": micro,
-        "optimizer_phase": optimizer_phase,
-        "check": dataclasses.asdict(check) if check is not None else None,
-        "batches": [move_to(b, torch.device("cpu")) for b in inputs.batches[:n]],
-        "rng": inputs.rng[:n],
-        **states,
-        "settings": trainer.s.to_dict(),
-        **task_reference(trainer.s.task),
-        "torch": torch.__version__,
-        "device": str(trainer.device),
-    }
+    path = directory / f"debug-nan-bundle-step{state['step']}-micro{state['micro']}.pt"
+    data = {"version": BUNDLE_VERSION, **state, **task_reference(state["settings"].get("task"))}
     partial = path.with_name(path.name + ".partial")
     try:
         torch.save(data, partial)  # a batch value that cannot be pickled fails here, leaving no half file
@@ -66,16 +46,14 @@ def task_reference(spec: str | None) -> dict:
     return {"task": spec, "task_source": None}
 
 
-def _task_spec_for_replay(b: dict) -> str:
+def task_spec_for_replay(bundle: dict) -> str:
     """The bundle's task, or, where its file is missing here, the file's text written to a temporary folder."""
-    import tempfile
-
-    spec = b["task"]
+    spec = bundle["task"]
     where, name = spec.rsplit(":", 1)
-    if b.get("task_source") and where.endswith(".py") and not Path(where).is_file():
+    if bundle.get("task_source") and where.endswith(".py") and not Path(where).is_file():
         folder = Path(tempfile.mkdtemp(prefix="debug-nan-task-"))
         copy = folder / Path(where).name
-        copy.write_text(b["task_source"])
+        copy.write_text(bundle["task_source"])
         return f"{copy}:{name}"
     return spec
 
@@ -93,41 +71,6 @@ def read_bundle(path: str | Path) -> dict:
     return data
 
 
-def replay_bundle(path: str, device_spec: str, log) -> tuple[Finding | None, dict, object]:
-    """Rebuild the task and state from a bundle and replay its micro-batch -> (finding, bundle, trainer)."""
-    from debug_nan.checks.pinpoint import TaskFailure
-    from debug_nan.train.aam_task import build_aam_model_task
-    from debug_nan.train.loop import Trainer, resolve_device
-    from debug_nan.train.task import load_task
-
-    b = read_bundle(path)
-    settings = RunSettings(**{**b["settings"], "device": device_spec, "report": None, "log": None})
-    device = resolve_device(settings.device, log)
-    if b["task"]:
-        task = load_task(_task_spec_for_replay(b), settings)
-        task.batches = b["batches"]
-    else:
-        task = build_aam_model_task(settings, b["batches"])
-    trainer = Trainer(task, settings, log, device)
-    trainer.model.load_state_dict(b["model"])
-    trainer.optimizer.load_state_dict(b["optimizer"])
-    if trainer.scaler is not None and b.get("scaler"):
-        trainer.scaler.load_state_dict(b["scaler"])
-    if b.get("scheduler"):
-        trainer.scheduler.load_state_dict(b["scheduler"])
-    snapshot = trainer.snapshots[0]
-    snapshot.save()
-    inputs = StepInputs(step=b["step"], batches=b["batches"], rng=b["rng"], snapshot=snapshot)
-    check = Check(**b["check"]) if b["check"] else None
-    log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b['device']} "
-        f"(torch {b['torch']}) on {device}.")
-    try:
-        finding = trainer.pinpointer.pinpoint(inputs, b["micro"], check, None, optimizer=b["optimizer_phase"])
-    except TaskFailure as failure:
-        log(f"The replay raised: {failure}")
-        finding = None
-    return finding, b, trainer
-
-
-def same_origin(a: dict, b: Finding) -> bool:
-    return all(a.get(k) == getattr(b, k) for k in ("step", "micro_step", "phase", "module", "op", "cause"))
+def same_origin(recorded: dict, finding: Finding) -> bool:
+    """Does a replay's finding name the origin the bundle recorded?"""
+    return all(recorded.get(k) == getattr(finding, k) for k in ("step", "micro_step", "phase", "module", "op", "cause"))

@@ -14,6 +14,11 @@ from debug_nan.errors import InputError
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 
 
+def error_line(message: str) -> str:
+    """How an exit-2 error reads, on stderr (printed by the cli) and in the log copy."""
+    return f"debug-nan: error: {message}"
+
+
 class Log:
     def __init__(self, copy_path: str | None = None, stream=None):
         self.stream = stream or sys.stdout
@@ -39,6 +44,11 @@ class Log:
 
     def rule(self, title: str = "", char: str = "=") -> None:
         self(f"{char * 3} {title} {char * max(3, 76 - len(title))}" if title else char * 80)
+
+    def record_error(self, message: str) -> None:
+        """The run stops on bad input: its one-paragraph error goes into the log copy (the cli prints it)."""
+        if self.copy:
+            self.copy.write(error_line(message) + "\n")
 
     def close(self) -> None:
         if self.copy:

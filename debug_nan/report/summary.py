@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 import debug_nan
+from debug_nan.checks.finding import Finding
+from debug_nan.checks.stats import TensorStats
 from debug_nan.errors import InputError
-from debug_nan.report.finding import Finding
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
@@ -20,20 +21,6 @@ EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 def _wrap(label: str, text: str, width: int = 100) -> list[str]:
     lines = textwrap.wrap(text, width=width - 16) or [""]
     return [f"  {label:<13}{lines[0]}"] + [f"  {'':<13}{line}" for line in lines[1:]]
-
-
-def _stats_line(stats: dict) -> str:
-    parts = [f"{stats['shape']} {stats['dtype']}"]
-    if stats.get("min") is not None:
-        parts.append(f"min {stats['min']:.4g} max {stats['max']:.4g}")
-    if stats.get("mean") is not None:
-        parts.append(f"mean {stats['mean']:.4g} std {stats['std']:.4g}")
-    n = max(stats["numel"], 1)
-    parts.append(f"NaN {stats['nan']} ({100 * stats['nan'] / n:.2f}%), Inf {stats['posinf'] + stats['neginf']} "
-                 f"({100 * (stats['posinf'] + stats['neginf']) / n:.2f}%)")
-    if stats.get("headroom") is not None:
-        parts.append(f"headroom {stats['headroom']:.3g}x")
-    return ", ".join(parts)
 
 
 def finding_lines(f: Finding) -> list[str]:
@@ -53,9 +40,9 @@ def finding_lines(f: Finding) -> list[str]:
     lines += _wrap("cause", f.cause)
     lines += _wrap("evidence", f.explanation)
     for name, stats in f.inputs.items():
-        lines += _wrap(f"in {name}"[:12], _stats_line(stats))
+        lines += _wrap(f"in {name}"[:12], TensorStats(**stats).line())
     for name, stats in f.outputs.items():
-        lines += _wrap(name[:12], _stats_line(stats))
+        lines += _wrap(name[:12], TensorStats(**stats).line())
     if f.sample_ids:
         lines += _wrap("samples", ", ".join(f.sample_ids))
     if f.exception:
@@ -120,6 +107,7 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "settings": settings.to_dict(),
         "history": result.history.to_dict(),
         "notes": result.notes,
+        "recipe": result.recipe,
     }
 
 
@@ -153,7 +141,14 @@ def _json_safe(obj):
 
 
 def write_report(path: str, data: dict) -> None:
-    Path(path).write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")
+    """Strict JSON, written atomically: a reader never sees half a report."""
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        partial.write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def write_error_report(path: str, message: str, exit_code: int) -> None:

@@ -1,1 +1,2 @@
-"""Training tier: the task plug-in (what to train) and the runner (how: devices, accumulation, precision)."""
+"""Training tier: the task plug-in (what to train, with which recipe) and the loop (how: devices, accumulation,
+precision, DDP), with every check on."""

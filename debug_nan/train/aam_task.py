@@ -1,6 +1,8 @@
 """The built-in task: the AAM-style pipeline (BIOM + tree or synthetic data -> batches -> AAMModel -> loss).
 
-It is a task like any `--task` plug-in; the runner treats it no differently.
+It is a task like any `--task` plug-in; the runner treats it no differently. Its training recipe (AdamW at --lr,
+a linear warmup over AAM_WARMUP_STEPS, clipping at AAM_MAX_GRAD_NORM) is its own, as a task's would be:
+--warmup-steps and --max-grad-norm replace it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from debug_nan.errors import InputError
 from debug_nan.model.aam import AAMConfig, AAMModel
 from debug_nan.settings import RunSettings
 from debug_nan.train import distributed
+from debug_nan.train.recipe import linear_warmup
 from debug_nan.train.task import Task
+
+AAM_WARMUP_STEPS = 2
+AAM_MAX_GRAD_NORM = 1.0
 
 
 class EpochBatches:
@@ -123,4 +129,5 @@ def build_aam_model_task(s: RunSettings, batches) -> Task:
         return aam_loss(model, batch, s.nuc_weight, s.unifrac_weight)
 
     return Task(model=AAMModel(cfg), batches=batches, loss=loss, describe_batch=describe_aam_batch,
-                name="aam (built-in)")
+                scheduler=lambda optimizer: linear_warmup(optimizer, AAM_WARMUP_STEPS),
+                max_grad_norm=AAM_MAX_GRAD_NORM, name="aam (built-in)")

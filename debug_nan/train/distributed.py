@@ -16,6 +16,8 @@ step. The price is that gradient communication no longer overlaps the backward p
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -91,6 +93,19 @@ def allreduce_mean(tensors: list[torch.Tensor], ctx: DistContext) -> None:
             t.copy_(reduced)
 
 
+def average_gradients(named: list[tuple[str, torch.nn.Parameter]], ctx: DistContext
+                      ) -> list[tuple[str, torch.nn.Parameter]]:
+    """Average the gradients over the ranks (every rank must call this). Returns the parameters that have a
+    gradient: one that no rank used stays None, as in a single process."""
+    used = used_anywhere([p.grad is not None for _, p in named], ctx)
+    named = [(n, p) for (n, p), u in zip(named, used) if u]
+    for _, p in named:
+        if p.grad is None:  # unused on this rank only: the others have a gradient
+            p.grad = torch.zeros_like(p)
+    allreduce_mean([p.grad for _, p in named], ctx)
+    return named
+
+
 def used_anywhere(flags: list[bool], ctx: DistContext) -> list[bool]:
     """Which parameters got a gradient on at least one rank (one small all-reduce)."""
     t = torch.tensor(flags, dtype=torch.float32, device=_device())
@@ -113,3 +128,14 @@ def finish() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def leave_together(code: int) -> None:
+    """End this rank's process with `code` once every rank is done. torchrun SIGTERMs the other workers as soon
+    as one exits non-zero, so from here on a SIGTERM exits with this rank's own code, and the process leaves
+    without the interpreter's slow teardown (during which the default SIGTERM action is back)."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+    finish()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,11 +1,18 @@
 """The task plug-in: `--task FILE.py:NAME` or `--task package.module:NAME`.
 
-NAME is a callable taking no argument or one (the run's RunSettings). It returns an object with
-  model      torch.nn.Module
+NAME is a callable taking no argument or one (the run's RunSettings). It returns an object (or a dict) with
+  model      torch.nn.Module (a torch.compile'd one is debugged through its eager module, with a notice)
   batches    iterable of micro-batches (tensors, or dicts/tuples/lists of them; other values pass through)
   loss(model, batch) -> scalar tensor, or a dict whose "loss" entry is the scalar (other scalar entries are logged)
-  optimizer(params) -> torch.optim.Optimizer          (optional; default AdamW at --lr)
+  optimizer(params) -> torch.optim.Optimizer          (optional; default AdamW at --lr / --weight-decay)
+  scheduler(optimizer) -> an LR scheduler              (optional; stepped once per optimizer step, no argument)
+  max_grad_norm: float                                 (optional; clip the total gradient norm to it)
   describe_batch(batch) -> list[str]                   (optional; data checks printed each step)
+
+The debug run is the task's own run: nothing is added to its recipe. No clipping, warmup or schedule unless the
+task asks for it (above) or an explicit --max-grad-norm / --warmup-steps (or config key) does; an explicit flag
+replaces the task's own. The model is put in training mode once before the first step, as a training loop does
+(a submodule the task left in eval mode stays in eval mode), never per forward.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +37,57 @@ class Task:
     batches: Iterable
     loss: Callable[[torch.nn.Module, Any], Any]
     optimizer: Callable | None = None
+    scheduler: Callable | None = None
+    max_grad_norm: float | None = None
     describe_batch: Callable[[Any], list[str]] | None = None
     name: str = "task"
     notes: list[str] = field(default_factory=list)
     spec: str | None = None  # how to load it again (for repro bundles); None for the built-in task
+
+
+def split_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A task's loss output -> (scalar loss, other scalar entries)."""
+    parts = {}
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise TypeError(f"the task's loss returned a dict without a 'loss' entry (keys: {sorted(out)})")
+        parts = {k: v for k, v in out.items() if k != "loss" and isinstance(v, torch.Tensor) and v.numel() == 1}
+        out = out["loss"]
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"the task's loss must return a scalar tensor (got {shape})")
+    return out.reshape(()), parts
+
+
+def eager_module(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+    """(the module to train and check, whether it was torch.compile'd): the checks hook every submodule and
+    replay op by op, which a compiled graph does not allow, so a compiled model is debugged through the eager
+    module it wraps (the same parameters)."""
+    compiled = False
+    while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch._dynamo's OptimizedModule
+        model, compiled = model._orig_mod, True
+    return model, compiled
+
+
+def micro_batches(task: Task, dist_ctx=None):
+    """Micro-batches forever, re-iterating task.batches. Under DDP each rank takes every world-th micro-batch
+    (unless the task shards itself, like the built-in one), counted across passes, so even a single batch
+    reaches every rank."""
+    shard = dist_ctx is not None and not getattr(task.batches, "sharded", False)
+    dealt = 0
+    while True:
+        produced = 0
+        for batch in task.batches:
+            produced += 1
+            if not shard or dealt % dist_ctx.world == dist_ctx.rank:
+                yield batch
+            dealt += 1
+        if produced == 0:
+            if dealt:
+                raise InputError(f"The task's `batches` ({task.name}) ran dry after {dealt} micro-batches: give an "
+                                 f"iterable that starts over when iterated again (a list, or an object whose "
+                                 f"__iter__ restarts), not a one-shot generator.")
+            raise InputError(f"The task's `batches` ({task.name}) yielded no micro-batch.")
 
 
 def _import_target(spec: str):
@@ -77,12 +132,18 @@ def _check(obj, spec: str) -> Task:
         problems.append(f"`batches` must be an iterable of micro-batches (got {type(batches).__name__})")
     if not callable(get("loss")):
         problems.append("`loss(model, batch)` must be callable")
-    if get("optimizer") is not None and not callable(get("optimizer")):
-        problems.append("`optimizer(params)` must be callable when given")
+    for name in ("optimizer", "scheduler", "describe_batch"):
+        if get(name) is not None and not callable(get(name)):
+            problems.append(f"`{name}` must be callable when given")
+    clip = get("max_grad_norm")
+    if clip is not None and not (isinstance(clip, (int, float)) and not isinstance(clip, bool)
+                                 and math.isfinite(clip) and clip >= 0):
+        problems.append(f"`max_grad_norm` must be a finite number >= 0 when given (got {clip!r})")
     if problems:
         raise InputError(f"--task {spec} returned a {type(obj).__name__} that is not a task: "
                          f"{'; '.join(problems)}. See the README section 'Debug your own model'.")
     return Task(model=model, batches=batches, loss=get("loss"), optimizer=get("optimizer"),
+                scheduler=get("scheduler"), max_grad_norm=float(clip) if clip is not None else None,
                 describe_batch=get("describe_batch"), name=spec.rsplit(":", 1)[-1], spec=spec)
 
 

@@ -1,0 +1,69 @@
+"""The seam between running training steps and replaying one.
+
+Whoever runs the steps (the CLI's `Trainer`, the API's `Monitor`) is a `StepDriver`: the pinpointer restores a
+`Snapshot`, re-runs micro-batches with their RNG state and replays the failing one only through the methods
+declared here, so both drivers share one replay and neither exposes its internals.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from debug_nan.checks.snapshot import Snapshot
+
+
+class TaskFailure(Exception):
+    """User code raised mid-step and the replay found no non-finite value behind it."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+@dataclass
+class StepInputs:
+    """What a replay of one optimizer step needs: its micro-batches as they were before user code touched them
+    (see `capture_batch`), the RNG state before each micro-batch, and the snapshot taken before the first."""
+
+    step: int
+    batches: list
+    rng: list = field(default_factory=list)
+    snapshot: Snapshot | None = None
+
+
+@runtime_checkable
+class StepDriver(Protocol):
+    """What the pinpointer needs from whoever runs the training steps."""
+
+    model: nn.Module  # the bare module the checks hook (no DDP wrapper, no torch.compile wrapper)
+    optimizer: torch.optim.Optimizer | None
+    device: torch.device
+    accumulation_steps: int  # micro-batches per optimizer step (each loss is divided by it)
+
+    def log(self, line: str = "", colour: str | None = None) -> None:
+        """One line of the text log."""
+
+    def replay_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The task's loss on the bare module (no DDP collectives: one rank replays alone), as the run computes
+        it (autocast included) -> (scalar loss, other logged scalars)."""
+
+    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
+        """Backward of loss / accumulation_steps, times the fp16 loss scale when `scaled` (as in the run)."""
+
+    def optimizer_step(self) -> None:
+        """The optimizer step exactly as the run takes it, from accumulated gradients: unscale (fp16), clip,
+        step, schedule."""
+
+    def average_gradients(self) -> None:
+        """Under DDP, average the gradients across the ranks as the run does (every rank takes part);
+        a no-op in a single process."""
+
+    def watch_paused(self) -> AbstractContextManager[None]:
+        """A context in which the watch records nothing (the replay's own values are not the run's)."""

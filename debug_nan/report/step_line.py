@@ -1,0 +1,67 @@
+"""The per-step block of the log: the STEP rule, the task's data checks, the layer trace (--trace-every-step) and
+the watch's summary line of the step. A StepObserver (train/outcome.py) that the runner hands to the Trainer."""
+
+from __future__ import annotations
+
+import math
+
+from debug_nan.checks.history import StepRecord
+
+
+class StepLines:
+    def __init__(self, log, max_steps: int, accumulation_steps: int, max_grad_norm: float | None):
+        self.log, self.max_steps, self.accumulation_steps = log, max_steps, accumulation_steps
+        self.max_grad_norm = max_grad_norm
+
+    def _micro(self, micro: int) -> str:
+        return f" {micro}" if self.accumulation_steps > 1 else ""
+
+    def begin_step(self, step: int) -> None:
+        self.log()
+        self.log.rule(f"STEP {step}/{self.max_steps}" +
+                      (f" (micro-batches 1..{self.accumulation_steps})" if self.accumulation_steps > 1 else ""))
+
+    def batch_notes(self, micro: int, lines: list[str]) -> None:
+        for line in lines:
+            self.log(f"  [data{self._micro(micro)}] {line}", "yellow" if line.startswith("WARNING") else None)
+
+    def layer_trace(self, micro: int, layer_stats: dict) -> None:
+        if not layer_stats:
+            return
+        self.log(f"  [trace{self._micro(micro)}] layer-by-layer (module outputs, in order):")
+        for name, stats in layer_stats.items():
+            self.log(f"    {name}: {stats.line()}")
+
+    def end_step(self, record: StepRecord) -> None:
+        for line, colour in step_lines(record, self.max_grad_norm):
+            self.log(line, colour)
+
+
+def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[str, str | None]]:
+    """(line, colour) for a finished step: loss (and its parts), gradient norm (and clipping), lr, time, memory;
+    the largest gradients and activations; the verdict."""
+    parts = ", ".join(f"{k} {v:.4g}" for k, v in record.parts.items())
+    loss = f"loss {record.loss:.5g}" + (f" ({parts})" if parts else "") if record.loss is not None else "loss -"
+    line = [loss]
+    if record.grad_norm is not None and not record.scaler_skipped:
+        clipped = max_grad_norm and record.grad_norm > max_grad_norm
+        line.append(f"grad norm {record.grad_norm:.4g}" + (f" (clipped to {max_grad_norm:g})" if clipped else ""))
+    line.append(f"lr {record.lr:.3g}")
+    if record.seconds is not None:
+        line.append(f"{record.seconds:.2f} s")
+    if record.peak_memory_mb is not None:
+        line.append(f"peak CUDA memory {record.peak_memory_mb:,.0f} MiB")
+    out: list[tuple[str, str | None]] = [("  [watch] " + " | ".join(line), None)]
+    if record.grad_norms:
+        top = sorted(record.grad_norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)[:3]
+        out.append(("  [grads] largest: " + ", ".join(f"{n} {v:.3g}" for n, v in top), None))
+    if record.activations:
+        name, value = max(record.activations.items(), key=lambda kv: kv[1])
+        out.append((f"  [acts]  {len(record.activations)} module outputs finite; largest |x| {value:.4g} in "
+                    f"{name or '<model>'}", None))
+    if record.scaler_skipped:
+        out.append(("  [ok] module outputs and loss finite; gradients overflowed the fp16 loss scale (step skipped)",
+                    None))
+    else:
+        out.append(("  [ok] every module output, the loss and every gradient are finite", "green"))
+    return out

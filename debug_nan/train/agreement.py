@@ -1,0 +1,102 @@
+"""The DDP side of the trip decision: every rank decides the same, from the phase codes all-reduced in the
+watch's one sync per micro-batch.
+
+The earliest phase wins; the first rank that saw it pinpoints alone (no collectives during its replay, except
+the gradient averaging of an optimizer-phase replay, in which every rank takes part) and the finding is
+broadcast. A rank that has to stop for a non-numerical reason (bad input, out of memory, Ctrl-C) makes every rank
+stop with its message and exit code, so no rank is ever left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from debug_nan.checks.driver import TaskFailure, is_out_of_memory
+from debug_nan.checks.finding import Finding
+from debug_nan.checks.history import StepRecord
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.train.distributed import (ABORT_CODE, CODE_PHASE, PHASE_CODE, DistContext, agree, average_gradients,
+                                         broadcast)
+from debug_nan.train.outcome import MicroOutcome
+
+
+class RunAborted(Exception):
+    """Under DDP: a rank has to stop for a non-numerical reason; every rank stops with the same message."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @staticmethod
+    def describe(exc: BaseException | None) -> tuple[str, int]:
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted (Ctrl-C)", 130
+        if isinstance(exc, InputError):
+            return str(exc), 2
+        if exc is not None and is_out_of_memory(exc):
+            return f"out of memory: {describe_exception(exc)}", 2
+        return describe_exception(exc) if exc is not None else "stopped", 1
+
+
+class RankAgreement:
+    def __init__(self, ctx: DistContext, device: torch.device, log):
+        self.ctx, self.device, self.log = ctx, device, log
+
+    def decide(self, o: MicroOutcome, pinpoint: Callable[[MicroOutcome, bool], Finding | None],
+               genuine_gradient_trip: Callable[[MicroOutcome], bool] | None,
+               skip_overflow: Callable[[MicroOutcome], None]) -> Finding | None:
+        """The same decision on every rank. `pinpoint(o, trace)` replays (trace=False: only take part in the
+        gradient averaging); `genuine_gradient_trip(o)` (fp16 only) says whether this rank's non-finite gradients
+        are more than the loss scale's overflow; `skip_overflow(o)` marks the step as skipped by the scaler."""
+        codes = o.rank_codes
+        top = max(codes)
+        if top == 0:
+            return None
+        first = [r for r, c in enumerate(codes) if c == top]
+        src = first[0]
+        if top == ABORT_CODE:  # every rank stops; the first aborting rank says why
+            reason = broadcast(RunAborted.describe(o.abort) if self.ctx.rank == src else None, src)
+            raise RunAborted(f"rank {src}: {reason[0]}", reason[1])
+        if top == PHASE_CODE["grad"] and genuine_gradient_trip is not None and o.record is not None:
+            # the ranks whose own gradients tripped probe them without the loss scale; all agree on the verdict
+            genuine = 1.0 if o.check is not None and genuine_gradient_trip(o) else 0.0
+            verdict = agree(torch.tensor(genuine, device=self.device), self.ctx).tolist()
+            if max(verdict) == 0.0:
+                skip_overflow(o)
+                return None
+            first = [r for r, v in enumerate(verdict) if v > 0]
+            src = first[0]
+        self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
+                 f"rank {src} pinpoints, the others wait.", "red")
+        outcome = None
+        try:
+            if top == PHASE_CODE["param"]:
+                # every rank re-runs its share of the step and the gradients are averaged as in the run; the
+                # pinpointing rank then traces the optimizer step alone
+                outcome = pinpoint(o, self.ctx.rank == src)
+            elif self.ctx.rank == src:
+                outcome = pinpoint(o, True)
+        except TaskFailure as failure:
+            outcome = failure
+        except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
+            outcome = RunAborted(f"rank {src} failed while pinpointing: {describe_exception(exc)}", 1)
+        outcome = broadcast(outcome if self.ctx.rank == src else None, src)
+        if isinstance(outcome, (TaskFailure, RunAborted)):
+            raise outcome
+        if outcome is not None:
+            outcome.rank, outcome.first_ranks = src, first
+        return outcome
+
+    def average_gradients(self, named_params: list[tuple[str, torch.nn.Parameter]], record: StepRecord
+                          ) -> list[torch.Tensor]:
+        """Average the gradients (nothing tripped anywhere, so every rank is here), then read their global norms
+        for the history, the explosion check and clipping, identical on every rank."""
+        named = average_gradients(named_params, self.ctx)
+        norms = torch._foreach_norm([p.grad for _, p in named])
+        values = torch.stack([n.double() for n in norms]).cpu().tolist()  # one more sync per step, DDP only
+        record.grad_norms = {name: v for (name, _), v in zip(named, values)}
+        record.grad_norm = math.sqrt(sum(v * v for v in values))
+        return list(norms)
