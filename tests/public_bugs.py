@@ -89,8 +89,8 @@ def cross_entropy_all_ignored():
 # -- pytorch/pytorch#31557: CTC loss of an alignment that cannot exist -------------------------------------------
 def ctc_infeasible():
     """Two frames cannot emit "a a" (a repeated label needs a blank between: 3 frames). The CTC likelihood is 0 and
-    the loss is -log(0) = +Inf, in float64 too: not an overflow. Expected: loss, aten._ctc_loss.default, inf,
-    a cause other than overflow that says the target cannot be aligned."""
+    the loss is -log(0) = +Inf, in float64 too: not an overflow. Expected: loss, aten._ctc_loss.Tensor, inf,
+    infeasible_target (a documented cause: the target cannot be aligned)."""
     torch.manual_seed(0)
     model = nn.Linear(D, 4)
 

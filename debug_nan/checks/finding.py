@@ -15,7 +15,8 @@ from debug_nan.checks.watch import Check
 
 CAUSES = (
     "all_masked_softmax", "log_of_nonpositive", "div_by_zero", "invalid_domain", "grad_at_singularity", "overflow",
-    "inf_arithmetic", "nonfinite_input", "nonfinite_parameter", "gradient_explosion", "unknown",
+    "inf_arithmetic", "infeasible_target", "masked_value_used", "nonfinite_input", "nonfinite_parameter",
+    "gradient_explosion", "unknown",
 )
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
 # the phase a watch check stands for, when no replay names a finer one

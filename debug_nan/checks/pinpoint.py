@@ -16,8 +16,8 @@ from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
 from debug_nan.checks.snapshot import restore_rng
-from debug_nan.checks.stats import move_to
-from debug_nan.checks.tracer import OpEvent, StopReplay, Tracer
+from debug_nan.checks.stats import flat_tensors, move_to
+from debug_nan.checks.tracer import OpEvent, Tracer
 from debug_nan.checks.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
 
@@ -43,38 +43,52 @@ class Pinpointer:
             d.backward(loss, scaled=scaled)
 
     def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
-        """Restore the snapshot and re-run the step up to the failing point -> (tracer, exception, batch).
+        """Restore the snapshot and re-run the step up to the harm -> (tracer, harmed origin, exception, batch).
 
-        A forward/backward trip: micro-batches 1..micro-1 plainly, `micro` under the tracer. A parameter trip
-        (optimizer=True): every micro-batch plainly (under DDP the gradients are averaged across the ranks, as in
-        the run: every rank takes part, trace=False on all but the pinpointing one), then the optimizer step
-        under the tracer. An out-of-memory error propagates."""
+        A forward/backward trip: micro-batches 1..micro-1 plainly, `micro` under the tracer, its batch tensors
+        marked as data origins; the loss is the harmed value when it is non-finite (no backward then), else the
+        gradients. A parameter trip (optimizer=True): every micro-batch plainly (under DDP the gradients are
+        averaged across the ranks, as in the run: every rank takes part, trace=False on all but the pinpointing
+        one), then the optimizer step under the tracer, parameters and state marked first; the harmed values are
+        the parameters and state after it. The origin is the earliest one in the harmed values' lineage. An
+        out-of-memory error propagates."""
         d = self.driver
-        exc = tracer = batch = None
+        exc = tracer = batch = origin = None
         with d.watch_paused():
             self._rerun(inputs, micro if optimizer else micro - 1, scaled=True)
             if optimizer:
                 d.average_gradients()
             if not trace:
-                return None, None, None
+                return None, None, None, None
             if not optimizer:
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
-            with Tracer(d.model, stop_at_first=True) as tracer:
+            with Tracer(d.model) as tracer:
+                harmed: list = []
                 try:
                     if optimizer:
                         tracer.phase_override = "optimizer"
+                        for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
+                            tracer.mark(t, name, "optimizer")
                         d.optimizer_step()
+                        harmed = [t for _, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer)]
                     else:
-                        loss, _ = d.replay_loss(batch)
-                        d.backward(loss)
-                except StopReplay:  # the origin is recorded: the rest of the replay is not needed
-                    pass
+                        for path, t in flat_tensors(batch):
+                            tracer.mark(t, path, "data")
+                        loss, parts = d.replay_loss(batch)
+                        harmed = [loss, *parts.values()]
+                        if tracer.origin_of(harmed) is None:  # a finite loss: the harm is in the gradients
+                            d.backward(loss)
+                            harmed = [p.grad for p in d.model.parameters() if p.grad is not None]
                 except Exception as e:  # the same exception as in the run, usually
                     if is_out_of_memory(e):
                         raise
                     exc = e
-        return tracer, exc, batch
+                origin = tracer.origin_of(harmed)
+                if origin is None and exc is not None:
+                    # user code raised before the harm could be computed: the earliest birth stands for it
+                    origin = tracer.first
+        return tracer, origin, exc, batch
 
     def finite_without_scaling(self, inputs: StepInputs, micro: int) -> bool:
         """fp16: do micro-batches 1..micro give finite gradients with the loss scale off? (Then a non-finite
@@ -111,21 +125,27 @@ class Pinpointer:
         log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the op-level "
             f"tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
         try:
-            tracer, replay_exc, _ = self.replay(inputs, micro, optimizer)
+            tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
         except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
             if not is_out_of_memory(exc):
                 raise
             return self._out_of_memory(inputs, micro, check, error, exc)
         error = error or replay_exc
-        event = tracer.first or tracer.module_inf
-        log(f"  [pinpoint] {tracer.ops_seen} ops traced.")
+        log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s); the earliest "
+            f"in the lineage of the harmed value is the finding.")
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
                                   f"found no NaN/Inf before it, so this is an error in the task's code, not a "
                                   f"numerical one.")
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model)
-        return self.event_finding(inputs.step, micro, event, raw, check, error)
+        if event.phase == "data":  # the batch itself held the value that reached the harm
+            return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
+        reached = None
+        if event.phase == "optimizer":
+            named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
+            reached = tracer.reached(event, named)
+        return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
 
     def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                        exc: BaseException) -> Finding:
@@ -144,7 +164,7 @@ class Pinpointer:
                                       f"(debug-nan replay BUNDLE --device ...), or lower the batch size.")
 
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
-                      error: BaseException | None) -> Finding:
+                      error: BaseException | None, reached: list[str] | None = None) -> Finding:
         cause, explanation, suggestions = diagnose(event, raw)
         if check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
             explanation += (" The value was hidden before any module output or the loss (e.g. by torch.where or "
@@ -152,7 +172,7 @@ class Pinpointer:
                             "multiplies it by 0 and 0 * inf = NaN.")
         module, kind_of_module = event.module, event.module_type
         if event.phase == "optimizer":
-            param, explanation = self._optimizer_explanation(event, explanation)
+            param, explanation = self._optimizer_explanation(reached or [], explanation)
             module = param.rsplit(".", 1)[0] if param and "." in param else ""
             kind_of_module = module_type(self.driver.model, module) if param else ""
         return Finding(
@@ -165,16 +185,12 @@ class Pinpointer:
             exception=describe_exception(error) if error is not None else None,
         )
 
-    def _optimizer_explanation(self, event: OpEvent, evidence: str) -> tuple[str | None, str]:
-        """(parameter name, explanation) for an origin inside the optimizer step."""
+    def _optimizer_explanation(self, reached: list[str], evidence: str) -> tuple[str | None, str]:
+        """(parameter name, explanation) for an origin inside the optimizer step; `reached` names the parameters
+        and states its values reached."""
         optimizer = self.driver.optimizer
-        names = {t.data_ptr(): name
-                 for name, t in param_and_state_tensors(self.driver.model.named_parameters(), optimizer)}
-        hit = [names.get(tensor.data_ptr()) for _, tensor in event.outputs
-               if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-        hit = [h for h in hit if h]
-        what = f"`{hit[0]}`" if hit else "a parameter or optimizer state"
-        param = hit[0].split(" (optimizer")[0] if hit else None
+        what = f"`{reached[0]}`" if reached else "a parameter or optimizer state"
+        param = reached[0].split(" (optimizer")[0] if reached else None
         settings = {k: v for k, v in optimizer.defaults.items() if k in ('lr', 'eps', 'betas', 'momentum',
                                                                           'weight_decay')}
         return param, (f"The {type(optimizer).__name__} step made {what} non-finite although every gradient going "
