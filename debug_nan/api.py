@@ -95,7 +95,7 @@ class Monitor:
             error = exc
         self.watch.watch_grads()
         result = self.watch.sync()
-        bad = result.first_nonfinite()
+        bad = result.first_harm()
         if bad is None and error is None:
             self._previous = inputs
             return

@@ -27,7 +27,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.finding import Finding
 from debug_nan.settings import RunSettings
-from debug_nan.train.distributed import DistContext
+from debug_nan.train.distributed import DistContext, agree
 from debug_nan.train.task import Task
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -129,6 +129,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if settings.precision == "fp16" else None
         self.accum = settings.gradient_accumulation_steps
         self.watch = Watch(self.model, self.optimizer)
+        self.agree = (lambda code: agree(code, dist_ctx)) if dist_ctx is not None else None  # for watch.sync
         self.watch.detailed = settings.trace_every_step
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
@@ -237,8 +238,8 @@ class Trainer:
                 previous = inputs
             else:
                 # the parameter check of the last step: one more sync (and agreement under DDP)
-                final = self.watch.sync(self.dist)
-                finding = self.decide(final, final.first_nonfinite(), None, previous, self.accum, None, previous)
+                final = self.watch.sync(self.agree)
+                finding = self.decide(final, final.first_harm(), None, previous, self.accum, None, previous)
                 if finding is not None:
                     result.findings.append(finding)
         except KeyboardInterrupt:
@@ -339,14 +340,14 @@ class Trainer:
                 abort = exc
             else:
                 error = exc
-        result = self.watch.sync(self.dist, raised=error is not None, abort=abort is not None)
+        result = self.watch.sync(self.agree, raised=error is not None, abort=abort is not None)
         if abort is None:
             self.history.add_micro(rec, result, last)
         if self.s.trace_every_step and result.layer_stats:
             log(f"  [trace{f' {micro}' if self.accum > 1 else ''}] layer-by-layer (module outputs, in order):")
             for name, stats in result.layer_stats.items():
                 log(f"    {name}: {stats.line()}")
-        return self.decide(result, result.first_nonfinite(), error, inputs, micro, rec, previous, abort)
+        return self.decide(result, result.first_harm(), error, inputs, micro, rec, previous, abort)
 
     def decide(self, result, bad, error, inputs: StepInputs | None, micro: int, rec: StepRecord | None,
                previous: StepInputs | None, abort: BaseException | None = None) -> Finding | None:
@@ -386,7 +387,8 @@ class Trainer:
     def decide_across_ranks(self, result, bad, error, inputs: StepInputs, micro: int, rec: StepRecord,
                             previous: StepInputs | None, abort: BaseException | None) -> Finding | None:
         """Every rank takes the same decision from the all-reduced codes; the first rank pinpoints, all learn."""
-        from debug_nan.train.distributed import ABORT_CODE, CODE_PHASE, PHASE_CODE, agree, broadcast
+        from debug_nan.checks.watch import ABORT_CODE, CODE_PHASE, PHASE_CODE
+        from debug_nan.train.distributed import broadcast
 
         codes = result.rank_codes
         top = max(codes)
