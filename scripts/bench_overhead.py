@@ -21,8 +21,10 @@ repeats of each repeat's time divided by the same repeat's plain time; `CPU x pl
 of this process (all its threads): steadier than wall time on a machine that other processes share, though it
 under-weights single-threaded extra work next to a multi-threaded step. On CUDA the device is synchronised around
 every step, and the host syncs of one watch step are counted with torch.cuda.set_sync_debug_mode("warn").
-OMP_WAIT_POLICY defaults to PASSIVE (set it to override): on a CPU shared with other processes, spin-waiting
-OpenMP threads make single steps up to 10x slower at random.
+On a CPU shared with other busy processes, spin-waiting OpenMP threads make single steps up to 10x slower at
+random: there, OMP_WAIT_POLICY=PASSIVE steadies the timings, but every parallel op then pays a thread wake-up
+(~30 us on 2 cores), which inflates the cost of many small reductions (the watch's, and the model's own): compare
+runs under the same policy only. The policy in force is printed and written to the JSON.
 """
 
 from __future__ import annotations
@@ -38,10 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
-# spinning OpenMP workers make CPU timings chaotic on a shared machine (steps 5x slower at random): they sleep
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import torch  # noqa: E402
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -173,7 +172,8 @@ def main() -> None:
     cpu_ratio = paired_ratios(cpu_times)
     syncs = count_cuda_syncs(watch, watch_step) if device.type == "cuda" and "watch" in modes else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"device {name} | model {desc} | {args.repeats} repeats after {args.warmup} warm-up")
+    print(f"device {name} | OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')} | model {desc} | "
+          f"{args.repeats} repeats after {args.warmup} warm-up")
     print(f"{'mode':<16}{'ms/step':>10}{'x plain':>10}{'CPU x plain':>13}   (ms: median wall time; x plain: median "
           f"of per-repeat paired ratios, of wall time and of this process's CPU time)")
     for m in modes:

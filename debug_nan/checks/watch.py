@@ -104,6 +104,8 @@ class Watch:
         self.enabled = True
         self.detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._handles: list = []
+        self._state_key: list[int] | None = None
+        self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
         self.discard()
         self.attach()
 
@@ -171,12 +173,21 @@ class Watch:
     def watch_params(self) -> None:
         """After an optimizer step: the L2 norm of every parameter and optimizer state tensor (read at the next
         sync)."""
-        named = param_and_state_tensors(self.named_params, self.optimizer)
-        if named:
-            tensors = [t for _, t in named]
+        names, tensors = self._param_and_state()
+        if tensors:
             with torch.no_grad():
                 norms = l2_norms(tensors)
-            self._norms["param"].append(([n for n, _ in named], norms, tensors))
+            self._norms["param"].append((names, norms, tensors))
+
+    def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
+        """param_and_state_tensors, rebuilt only when a state object changed: the key is the identity of every
+        state value (sound, since the cache holds them and no id can be reused meanwhile)."""
+        states = self.optimizer.state if self.optimizer is not None else {}
+        key = [id(v) for _, p in self.named_params for v in states.get(p, {}).values()]
+        if key != self._state_key:
+            named = param_and_state_tensors(self.named_params, self.optimizer)
+            self._state_key, self._named_cache = key, ([n for n, _ in named], [t for _, t in named])
+        return self._named_cache
 
     # -- the one sync ------------------------------------------------------------------------------------------
     def sync(self, agree: Callable[[torch.Tensor], torch.Tensor] | None = None, raised: bool = False,

@@ -197,3 +197,17 @@ def test_closed_watch_records_nothing_and_attach_restores_the_hooks():
     watch.attach()  # idempotent: one hook per module
     model(torch.ones(1, 2))
     assert sorted(watch.sync().values("forward")) == ["", "0", "1"]
+
+
+def test_parameter_check_follows_state_tensors_that_the_optimizer_replaces():
+    """An optimizer that assigns a new state tensor every step (no in-place update): the check reads the new one."""
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, opt)
+    for value in (1.0, 2.0, float("nan")):
+        opt.state[model.weight]["velocity"] = torch.full((1, 2), value)
+        watch.watch_params()
+        result = watch.sync()
+        assert result.values("param")["weight (optimizer velocity)"] == pytest.approx(value * math.sqrt(2),
+                                                                                        nan_ok=True)
+    assert result.first_harm().name == "weight (optimizer velocity)"
