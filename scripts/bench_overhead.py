@@ -12,6 +12,7 @@ Modes, each a full training step (forward, loss, backward, clip at 1.0, AdamW st
   plain           no checks at all (and no hook registered on any module)
   watch           the default run's step (Trainer.train_step): snapshot, the watch's on-device checks of batch,
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
+  watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
   snapshot        plain + the snapshot the watch takes before every step (its share of `watch`, for reference)
   trace           the op-level tracer (what only the replayed micro-batch pays)
   detect_anomaly  torch.autograd.detect_anomaly() around a plain step
@@ -54,8 +55,8 @@ from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.train.aam_task import build_aam_task  # noqa: E402
 from debug_nan.train.loop import Trainer, resolve_device  # noqa: E402
 
-MODES = ("plain", "watch", "snapshot", "trace", "detect_anomaly", "naive_hooks")
-DEFAULT_MODES = ("plain", "watch", "snapshot", "detect_anomaly", "naive_hooks", "trace")
+MODES = ("plain", "watch", "watch_only", "snapshot", "trace", "detect_anomaly", "naive_hooks")
+DEFAULT_MODES = ("plain", "watch", "watch_only", "snapshot", "detect_anomaly", "naive_hooks", "trace")
 
 
 def sync(device: torch.device) -> None:
@@ -124,8 +125,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"a comma list of {', '.join(MODES)}")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     modes = [m for m in args.modes.split(",") if m in MODES]
     if "plain" not in modes:
         modes.insert(0, "plain")
@@ -139,9 +143,20 @@ def main() -> None:
         finding, _ = trainer.train_step(i + 1, itertools.repeat(batch), None)
         assert finding is None, finding
 
+    def watch_only_step(i: int) -> None:
+        saves = [s.save for s in trainer.snapshots]
+        for s in trainer.snapshots:
+            s.save = lambda: None  # nothing is replayed here: no finding, asserted by watch_step
+        try:
+            watch_step(i)
+        finally:
+            for s, save in zip(trainer.snapshots, saves):
+                s.save = save
+
     step_fns = {
         "plain": lambda i: plain_step(trainer, batch),
         "watch": watch_step,
+        "watch_only": watch_only_step,
         "snapshot": lambda i: snapshot_step(trainer, batch),
         "trace": lambda i: traced_step(trainer, batch),
         "detect_anomaly": lambda i: anomaly_step(trainer, batch),
@@ -151,7 +166,7 @@ def main() -> None:
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(args.warmup + args.repeats):
         for mode in modes:
-            if mode == "watch":
+            if mode.startswith("watch"):
                 watch.attach()
             naive = [m.register_forward_hook(naive_hook) for m in trainer.model.modules()] \
                 if mode == "naive_hooks" else []
@@ -165,7 +180,7 @@ def main() -> None:
                 cpu_times[mode].append(cpu_elapsed)
             for h in naive:
                 h.remove()
-            if mode == "watch":
+            if mode.startswith("watch"):
                 watch.close()  # the step's parameter check is read at the next watch step's sync, as in a run
     ms = {m: 1000 * statistics.median(v) for m, v in times.items()}
     ratio = paired_ratios(times)
