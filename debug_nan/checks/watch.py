@@ -289,22 +289,21 @@ class Watch:
     def _device_code(flat: torch.Tensor, layout, raised: bool, abort: bool) -> torch.Tensor:
         """0-d float32 phase code of this micro-batch, on the device (no sync). As host_code, plus 0.5 when a norm
         read +Inf (it may have overflowed with finite elements: the ranks then settle it in a second round)."""
-        weights, is_data, is_norm = [], [], []
+        # per kind, on slices of the flat vector: no host array is copied to the device (a pageable copy can
+        # block like a sync)
+        code = harm = data = ambiguous = torch.zeros((), device=flat.device, dtype=torch.float64)
+        bad, start = ~torch.isfinite(flat), 0
         for kind, names, width, _ in layout:
-            size = len(names) * width
-            weights.append(np.full(size, PHASE_CODE[kind] if kind in HARM_KINDS else 0, dtype=np.float64))
-            is_data.append(np.full(size, kind == "data"))
-            is_norm.append(np.full(size, kind in _NORM_KINDS))
-        code = torch.zeros((), device=flat.device, dtype=torch.float64)
-        if flat.numel():
-            def to_device(parts):
-                return torch.from_numpy(np.concatenate(parts)).to(flat.device, non_blocking=True)
-
-            bad = ~torch.isfinite(flat)
-            harm = (bad * to_device(weights)).amax()
-            data = (bad & to_device(is_data)).any() & (harm > 0)
-            code = torch.maximum(harm, data * float(PHASE_CODE["data"]))
-            code = code + 0.5 * (torch.isposinf(flat) & to_device(is_norm)).any()
+            part = slice(start, start + len(names) * width)
+            start = part.stop
+            if kind in HARM_KINDS:
+                harm = torch.maximum(harm, bad[part].any() * float(PHASE_CODE[kind]))
+            if kind in _NORM_KINDS:
+                ambiguous = ambiguous + torch.isposinf(flat[part]).any()
+            if kind == "data":
+                data = bad[part].any() * float(PHASE_CODE["data"])
+        if layout:
+            code = torch.maximum(harm, data * (harm > 0)) + 0.5 * (ambiguous > 0)
         if abort or raised:
             code = torch.clamp(code, min=float(ABORT_CODE if abort else EXCEPTION_CODE))
         return code.float()
