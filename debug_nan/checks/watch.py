@@ -40,6 +40,7 @@ _CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
 PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
 ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
 _NORM_KINDS = ("param", "grad")  # finiteness read from an L2 norm (which may overflow: see the second look)
+_NormChunk = tuple[list[str], list[torch.Tensor], list[torch.Tensor]]
 
 
 def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -128,8 +129,7 @@ class Watch:
         self._data: list[tuple[str, tuple[torch.Tensor, torch.Tensor]]] = []
         self._scalars: dict[str, list[tuple[str, torch.Tensor]]] = {"loss": [], "loss_part": []}
         # kind -> chunks of (names, 0-d L2 norms, the tensors themselves for a second look)
-        self._norms: dict[str, list[tuple[list[str], list[torch.Tensor], list[torch.Tensor]]]] = {k: [] for k in
-                                                                                                  _NORM_KINDS}
+        self._norms: dict[str, list[_NormChunk]] = {kind: [] for kind in _NORM_KINDS}
         self._layer_stats: dict[str, object] = {}
 
     # -- recording (all on the device) -------------------------------------------------------------------------
