@@ -8,7 +8,7 @@
 Models (--model): `aam` is the built-in AAM pipeline at --config (default configs/bench-cpu.toml); `deep` and
 `gpt2` are the built-in language models of scripts/bench_models.py (one fixed batch of random tokens).
 
-Modes, each a full training step (forward, loss, backward, clip at 1.0, AdamW step, schedule):
+Modes, each a full training step (forward, loss, backward, clipping if the settings ask, AdamW step, schedule):
   plain           no checks at all (and no hook registered on any module)
   watch           the default run's step (Trainer.train_step): snapshot, the watch's on-device checks of batch,
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
@@ -68,7 +68,8 @@ def plain_step(t: Trainer, batch) -> None:
     t.optimizer.zero_grad(set_to_none=True)
     loss, _ = t.compute_loss(move_to(batch, t.device))
     t.backward(loss)
-    torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
+    if t.s.max_grad_norm:  # as the run does: clipping only when asked for
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
     t.optimizer.step()
     t.step_schedule()
 
