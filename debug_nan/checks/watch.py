@@ -14,9 +14,8 @@ outputs and batch tensors are recorded, not tripped on (see MicroResult.first_ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
