@@ -114,7 +114,7 @@ class Monitor:
             except Exception as exc:  # the user's own NaN check raising is a trip too
                 error = exc
             self.watch.watch_grads()
-            bad = self.watch.sync().first_nonfinite()
+            bad = self.watch.sync().first_harm()
         finally:
             self.watch.enabled = False
         if bad is None and error is None:

@@ -1,17 +1,31 @@
-"""What do the checks cost? One process, one model, the same batches, timed side by side.
+"""What do the checks cost? One process, one model, the same batch, every mode timed side by side.
 
-    python scripts/bench_overhead.py --device cpu --json out.json            # CPU bench preset
-    python scripts/bench_overhead.py --device cuda --config configs/aam.toml  # the default AAM size
+    python scripts/bench_overhead.py --device cpu --json out.json           # AAM model, configs/bench-cpu.toml
+    python scripts/bench_overhead.py --device cpu --model deep               # 24 narrow blocks (295 modules)
+    python scripts/bench_overhead.py --device cpu --model gpt2               # GPT-2-like, 6 blocks, d 384
+    python scripts/bench_overhead.py --device cuda --config configs/aam.toml # the default AAM size
 
-Modes, each a full training step (forward, loss, backward, clip, AdamW step):
-  plain           no checks at all
-  watch           the default run: snapshot, on-device flags for every module output / loss / gradient /
-                  parameter, one host sync per micro-batch, the batch checks
+Models (--model): `aam` is the built-in AAM pipeline at --config (default configs/bench-cpu.toml); `deep` and
+`gpt2` are the built-in language models of scripts/bench_models.py (one fixed batch of random tokens).
+
+Modes, each a full training step (forward, loss, backward, clipping if the settings ask, AdamW step, schedule):
+  plain           no checks at all (and no hook registered on any module)
+  watch           the default run's step (Trainer.train_step): snapshot, the watch's on-device checks of batch,
+                  module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
+  watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
+  snapshot        plain + the snapshot the watch takes before every step (its share of `watch`, for reference)
   trace           the op-level tracer (what only the replayed micro-batch pays)
   detect_anomaly  torch.autograd.detect_anomaly() around a plain step
-Modes are interleaved within every repeat (so drift hits all alike), after warm-up; the median is reported,
-with device synchronisation on CUDA. On CUDA it also counts host syncs of the watch step with
-torch.cuda.set_sync_debug_mode("warn") (each sync is a warning).
+  naive_hooks     plain + a forward hook on every module doing `isfinite(out).all().item()` (a host sync each)
+Modes alternate within every repeat (drift hits all alike), after warm-up. `x plain` is the median over the
+repeats of each repeat's time divided by the same repeat's plain time; `CPU x plain` is the same with the CPU time
+of this process (all its threads): steadier than wall time on a machine that other processes share, though it
+under-weights single-threaded extra work next to a multi-threaded step. On CUDA the device is synchronised around
+every step, and the host syncs of one watch step are counted with torch.cuda.set_sync_debug_mode("warn").
+On a CPU shared with other busy processes, spin-waiting OpenMP threads make single steps up to 10x slower at
+random: there, OMP_WAIT_POLICY=PASSIVE steadies the timings, but every parallel op then pays a thread wake-up
+(~30 us on 2 cores), which inflates the cost of many small reductions (the watch's, and the model's own): compare
+runs under the same policy only. The policy in force is printed and written to the JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ import argparse
 import io
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,14 +45,18 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from bench_models import PRESETS, build_lm_task  # noqa: E402
+from debug_nan.checks.stats import flat_tensors, move_to  # noqa: E402
 from debug_nan.checks.tracer import Tracer  # noqa: E402
 from debug_nan.report.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.train.aam_task import build_aam_task  # noqa: E402
 from debug_nan.train.loop import Trainer, resolve_device  # noqa: E402
 
-MODES = ("plain", "watch", "trace", "detect_anomaly")
+MODES = ("plain", "watch", "watch_only", "snapshot", "trace", "detect_anomaly", "naive_hooks")
+DEFAULT_MODES = ("plain", "watch", "watch_only", "snapshot", "detect_anomaly", "naive_hooks", "trace")
 
 
 def sync(device: torch.device) -> None:
@@ -45,19 +64,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_step(t: Trainer, batch, hooks_off: bool = True) -> None:
+def plain_step(t: Trainer, batch) -> None:
     t.optimizer.zero_grad(set_to_none=True)
-    loss, _ = t.compute_loss(batch_to(t, batch))
+    loss, _ = t.compute_loss(move_to(batch, t.device))
     t.backward(loss)
-    torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
+    if t.s.max_grad_norm:  # as the run does: clipping only when asked for
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
     t.optimizer.step()
-    t.scheduler.step()
+    t.step_schedule()
 
 
-def batch_to(t: Trainer, batch):
-    from debug_nan.checks.stats import move_to
-
-    return move_to(batch, t.device)
+def snapshot_step(t: Trainer, batch) -> None:
+    t.snapshots[0].save()
+    plain_step(t, batch)
 
 
 def traced_step(t: Trainer, batch) -> None:
@@ -72,80 +91,139 @@ def anomaly_step(t: Trainer, batch) -> None:
             plain_step(t, batch)
 
 
+def naive_hook(module, inputs, output) -> None:
+    """What a user might write: one isfinite().all() and one host sync per module output."""
+    for _, t in flat_tensors(output):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise FloatingPointError(f"non-finite output of {type(module).__name__}")
+
+
+def build_trainer(args) -> tuple[Trainer, object, dict]:
+    """(trainer, its one fixed batch, the model description for the header and the JSON)."""
+    config = args.config if args.model == "aam" else None
+    settings = build_settings(config, {"device": args.device, "max_steps": 10**9, "data_dir": "/nonexistent"})
+    quiet = Log(stream=io.StringIO())
+    device = resolve_device(settings.device, quiet)
+    if args.model == "aam":
+        task = build_aam_task(settings, quiet)
+        desc = {"file": Path(args.config).name, **{k: getattr(settings, k) for k in (
+            "token_limit", "batch_size", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers",
+            "precision")}}
+    else:
+        task = build_lm_task(args.model, settings.seed)
+        desc = dict(vars(PRESETS[args.model]))
+    trainer = Trainer(task, settings, quiet, device)
+    desc = {"model": args.model, **desc, "modules": sum(1 for _ in trainer.model.modules()),
+            "parameters": sum(p.numel() for p in trainer.model.parameters())}
+    return trainer, next(iter(task.batches)), desc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--config", default=str(REPO / "configs" / "bench-cpu.toml"))
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", choices=("aam", *PRESETS), default="aam")
+    ap.add_argument("--config", default=str(REPO / "configs" / "bench-cpu.toml"), help="the AAM size (--model aam)")
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"a comma list of {', '.join(MODES)}")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    settings = build_settings(args.config, {"device": args.device, "max_steps": 10**9, "data_dir": "/nonexistent"})
-    quiet = Log(stream=io.StringIO())
-    device = resolve_device(settings.device, quiet)
-    task = build_aam_task(settings, quiet)
-    trainer = Trainer(task, settings, quiet, device)
-    batch = next(iter(task.batches))  # one fixed batch: every step does the same work
-    batches = [batch]
-    watch = trainer.watch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    modes = [m for m in args.modes.split(",") if m in MODES]
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    trainer, batch, desc = build_trainer(args)
+    device, watch, log = trainer.device, trainer.watch, trainer.log
+    watch.close()  # hooks only while the watch mode runs: a registered hook slows every module call
 
     def watch_step(i: int) -> None:
-        quiet.stream.seek(0)
-        quiet.stream.truncate()
-        finding, _ = trainer.train_step(i, itertools.repeat(batches[i % len(batches)]), None)
+        log.stream.seek(0)
+        log.stream.truncate()
+        finding, _ = trainer.train_step(i + 1, itertools.repeat(batch), None)
         assert finding is None, finding
 
-    modes = [m for m in args.modes.split(",") if m in MODES]
+    def watch_only_step(i: int) -> None:
+        saves = [s.save for s in trainer.snapshots]
+        for s in trainer.snapshots:
+            s.save = lambda: None  # nothing is replayed here: no finding, asserted by watch_step
+        try:
+            watch_step(i)
+        finally:
+            for s, save in zip(trainer.snapshots, saves):
+                s.save = save
+
     step_fns = {
-        "plain": lambda i: plain_step(trainer, batches[i % len(batches)]),
+        "plain": lambda i: plain_step(trainer, batch),
         "watch": watch_step,
-        "trace": lambda i: traced_step(trainer, batches[i % len(batches)]),
-        "detect_anomaly": lambda i: anomaly_step(trainer, batches[i % len(batches)]),
+        "watch_only": watch_only_step,
+        "snapshot": lambda i: snapshot_step(trainer, batch),
+        "trace": lambda i: traced_step(trainer, batch),
+        "detect_anomaly": lambda i: anomaly_step(trainer, batch),
+        "naive_hooks": lambda i: plain_step(trainer, batch),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_times: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(args.warmup + args.repeats):
         for mode in modes:
-            watch.enabled = mode == "watch"  # hooks stay registered but return at once in other modes
+            if mode.startswith("watch"):
+                watch.attach()
+            naive = [m.register_forward_hook(naive_hook) for m in trainer.model.modules()] \
+                if mode == "naive_hooks" else []
             sync(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             step_fns[mode](rep)
             sync(device)
+            elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
             if rep >= args.warmup:
-                times[mode].append(time.perf_counter() - start)
-            watch.discard()
-    watch.enabled = True
+                times[mode].append(elapsed)
+                cpu_times[mode].append(cpu_elapsed)
+            for h in naive:
+                h.remove()
+            if mode.startswith("watch"):
+                watch.close()  # the step's parameter check is read at the next watch step's sync, as in a run
     ms = {m: 1000 * statistics.median(v) for m, v in times.items()}
-    # paired: each repeat's time over the same repeat's plain time, then the median of those ratios
-    ratio = ({m: statistics.median(a / b for a, b in zip(v, times["plain"])) for m, v in times.items()}
-             if "plain" in times else {})
-    syncs = None
-    if device.type == "cuda" and "watch" in modes:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                watch_step(10**6)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
-    cfg = {k: getattr(settings, k) for k in ("token_limit", "batch_size", "d_model", "heads", "asv_layers",
-                                             "sample_layers", "encoder_layers", "precision")}
+    ratio = paired_ratios(times)
+    cpu_ratio = paired_ratios(cpu_times)
+    syncs = count_cuda_syncs(watch, watch_step) if device.type == "cuda" and "watch" in modes else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"device {name} | config {Path(args.config).name} {cfg} | {args.repeats} repeats after {args.warmup} "
-          f"warm-up, median")
-    print(f"{'mode':<16}{'ms/step':>10}{'x plain':>10}   (x plain: median of per-repeat paired ratios)")
+    print(f"device {name} | OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')} | model {desc} | "
+          f"{args.repeats} repeats after {args.warmup} warm-up")
+    print(f"{'mode':<16}{'ms/step':>10}{'x plain':>10}{'CPU x plain':>13}   (ms: median wall time; x plain: median "
+          f"of per-repeat paired ratios, of wall time and of this process's CPU time)")
     for m in modes:
-        print(f"{m:<16}{ms[m]:>10.1f}{ratio.get(m, float('nan')):>10.3f}")
+        print(f"{m:<16}{ms[m]:>10.1f}{ratio[m]:>10.3f}{cpu_ratio[m]:>13.3f}")
     if syncs is not None:
         print(f"host syncs in one watch step (torch.cuda.set_sync_debug_mode): {syncs} (one per micro-batch)")
     if args.json_path:
-        out = {"device": name, "config": {"file": Path(args.config).name, **cfg}, "ms_per_step": ms,
-               "ratio_to_plain": ratio, "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
+        out = {"device": name, "model": args.model, "config": desc, "ms_per_step": ms, "ratio_to_plain": ratio,
+               "cpu_ratio_to_plain": cpu_ratio,
+               "cpu_samples_ms": {m: [1000 * x for x in v] for m, v in cpu_times.items()},
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+               "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
                "host_syncs_per_watch_step": syncs, "samples_ms": {m: [1000 * x for x in v] for m, v in times.items()}}
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json_path}")
+
+
+def paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    """Per mode: the median over the repeats of (this repeat's time / the same repeat's plain time)."""
+    return {m: statistics.median(a / b for a, b in zip(v, times["plain"])) for m, v in times.items()}
+
+
+def count_cuda_syncs(watch, watch_step) -> int:
+    watch.attach()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            watch_step(10**6)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    watch.sync()
+    watch.close()
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
 if __name__ == "__main__":

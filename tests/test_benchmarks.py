@@ -1,8 +1,12 @@
 """The benchmark scripts run and write the JSON they promise (no timing is asserted: only shapes and sanity)."""
 
 import json
+import math
 import subprocess
 import sys
+
+import pytest
+import torch
 
 from tests.conftest import REPO, TINY
 
@@ -14,10 +18,40 @@ def test_bench_overhead_writes_every_mode(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
-    assert set(data["ms_per_step"]) == {"plain", "watch", "trace", "detect_anomaly"}
+    modes = {"plain", "watch", "watch_only", "snapshot", "trace", "detect_anomaly", "naive_hooks"}
+    assert set(data["ms_per_step"]) == set(data["ratio_to_plain"]) == modes
     assert data["ratio_to_plain"]["plain"] == 1.0 and all(v > 0 for v in data["ms_per_step"].values())
-    assert data["device"].startswith("cpu") and data["config"]["token_limit"] == 24
-    assert "detect_anomaly" in proc.stdout
+    assert data["device"].startswith("cpu") and data["model"] == "aam" and data["config"]["token_limit"] == 24
+    assert all(len(v) == 1 for v in data["samples_ms"].values())
+    assert "detect_anomaly" in proc.stdout and "naive_hooks" in proc.stdout
+
+
+def test_bench_overhead_model_preset_runs_the_watch(tmp_path):
+    out = tmp_path / "deep.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
+                           "--model", "deep", "--modes", "plain,watch", "--repeats", "1", "--warmup", "0",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert set(data["ms_per_step"]) == {"plain", "watch"}
+    assert (data["config"]["blocks"], data["config"]["d_model"], data["config"]["modules"]) == (24, 64, 295)
+
+
+@pytest.mark.parametrize("name, modules, logits", [("deep", 295, [8, 64, 256]), ("gpt2", 79, [4, 128, 8192])])
+def test_bench_model_presets_have_their_shapes(name, modules, logits):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from bench_models import build_lm_task
+    finally:
+        sys.path.pop(0)
+    task = build_lm_task(name)
+    batch = task.batches[0]
+    assert sum(1 for _ in task.model.modules()) == modules
+    with torch.no_grad():
+        assert list(task.model(batch["idx"]).shape) == logits
+    assert torch.equal(batch["idx"][:, 1:], batch["targets"][:, :-1])  # next-token targets
+    loss = task.loss(task.model, batch)
+    assert loss.ndim == 0 and abs(loss.item() - math.log(logits[-1])) < 1.0  # about uniform at initialisation
 
 
 def test_bench_data_writes_every_section(tmp_path):

@@ -11,7 +11,7 @@ from torch import nn
 
 from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.checks.stats import flat_tensors, tensor_stats
-from debug_nan.checks.watch import Check
+from debug_nan.checks.watch import PHASE_OF_KIND, Check
 
 CAUSES = (
     "all_masked_softmax", "log_of_nonpositive", "div_by_zero", "invalid_domain", "grad_at_singularity", "overflow",
@@ -20,8 +20,6 @@ CAUSES = (
 )
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
 # the phase a watch check stands for, when no replay names a finer one
-PHASE_OF_CHECK = {"data": "data", "forward": "forward", "loss": "loss", "loss_part": "loss", "grad": "backward",
-                  "param": "optimizer"}
 
 
 @dataclass
@@ -108,7 +106,7 @@ def data_finding(step: int, micro: int, raw, check: Check) -> Finding:
 def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Module, why: str | None = None) -> Finding:
     """What the watch saw, when the op-level replay could not name the op: `why` says why (default: the replay
     stayed finite)."""
-    phase = PHASE_OF_CHECK.get(check.kind, "forward")
+    phase = PHASE_OF_KIND.get(check.kind, "forward")
     module = check.name if check.kind == "forward" else ""
     why = why or ("the op-level replay of the same micro-batch stayed finite: the value depends on something the "
                   "replay could not restore (a non-deterministic kernel, state outside the model and optimizer).")

@@ -1,90 +1,100 @@
-"""Tier 1, the watch: always on and cheap.
+"""Tier 1, the watch: always on and cheap. A micro-batch trips on harm only.
 
-Per micro-batch it records, ON THE DEVICE, one number per check: max |x| of every floating batch tensor and of
-every module output (a forward hook; from one `aminmax` reduction), the loss, the L2 norm of every gradient, and
-(after an optimizer step) max |x| of every parameter and optimizer state tensor. A value is non-finite exactly
-when its tensor holds a NaN or Inf (min/max and norms propagate both), so the same number is both the finiteness
-flag and the history. All values are stacked (one stack per dtype) and copied to the host once per micro-batch:
-one device sync, none per layer.
+Per micro-batch it records ON THE DEVICE: min and max of every floating batch tensor and of every module output
+(a forward hook, one `aminmax` each: the history, and the notes on deliberate -inf masks), the loss and its
+logged parts, the L2 norm of every gradient (one fused `_foreach_norm`: history, explosion check, clipping, and
+finiteness, since a NaN/Inf element makes the norm NaN/Inf) and, after an optimizer step, the L2 norm of every
+parameter and optimizer state tensor (one more fused pass, ~10x cheaper per element than an inf-norm). Everything
+is copied to the host in ONE transfer per micro-batch; no sync per layer. A norm can overflow to +Inf while every
+element is finite: only then a second look (max |x| of those tensors, a second sync) settles it.
+
+Harm, which trips: a non-finite loss (or loss part), gradient, parameter or optimizer state. Non-finite module
+outputs and batch tensors are recorded, not tripped on (see MicroResult.first_harm).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from debug_nan.checks.stats import flat_tensors, tensor_stats
+from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
 
-INF = float("inf")
+__all__ = ["ABORT_CODE", "CODE_PHASE", "EXCEPTION_CODE", "HARM_KINDS", "PHASE_CODE", "PHASE_OF_KIND", "Check",
+           "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
 
-
-def min_max(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """0-d (min, max) of t on its device, one reduction (aminmax: ~20x faster on CPU than an inf-norm); both NaN
-    if t holds a NaN. max |t| = max(-min, max) is formed on the host."""
-    t = t.detach()
-    if t.numel() == 0:
-        zero = t.new_zeros(())
-        return zero, zero
-    return torch.aminmax(t)
-
-
-def _combine(lo: float, hi: float) -> float:
-    if math.isnan(lo) or math.isnan(hi):
-        return math.nan
-    return max(-lo, hi)
-
-
-@dataclass
-class Check:
-    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad" (max |g|) | "grad_norm" (L2)
-    name: str  # parameter name, batch key, module path
-    value: float
+# the one map from a check kind to the phase a finding reports
+PHASE_OF_KIND = {"param": "optimizer", "data": "data", "forward": "forward", "loss": "loss", "loss_part": "loss",
+                 "grad": "backward"}
+# DDP phase codes, all-reduced (MAX) every micro-batch: a higher code was seen earlier in a micro-batch (0 = nothing).
+# "exception": user code raised (between the loss and the gradients, as far as ordering goes); "abort": a rank must
+# stop for a reason that is not numerical (bad input, out of memory, Ctrl-C).
+_LATEST_FIRST = ("backward", "exception", "loss", "forward", "data", "optimizer", "abort")
+CODE_PHASE = {code: phase for code, phase in enumerate(_LATEST_FIRST, start=1)}
+_CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
+PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
+ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
+_NORM_KINDS = ("param", "grad")  # finiteness read from an L2 norm (which may overflow: see the second look)
+_NormChunk = tuple[list[str], list[torch.Tensor], list[torch.Tensor]]
 
 
-@dataclass
-class MicroResult:
-    """The host-side view of one micro-batch's checks, in execution order."""
-
-    checks: list[Check]
-    layer_stats: dict[str, object] = field(default_factory=dict)  # filled only in trace-every-step mode
-    rank_codes: list[float] | None = None  # under DDP: every rank's earliest non-finite phase code (0 = clean)
-
-    def first_nonfinite(self) -> Check | None:
-        """The earliest check whose tensor held a NaN/Inf (gradient L2 norms only feed the history: a norm can
-        overflow while every element is finite; the gradients' own check is their max |x|)."""
-        return next((c for c in self.checks if c.kind != "grad_norm" and not math.isfinite(c.value)), None)
-
-    def values(self, kind: str) -> dict[str, float]:
-        """name -> value for one kind; repeated names (a module called twice) keep the largest."""
-        out: dict[str, float] = {}
-        for c in self.checks:
-            if c.kind == kind:
-                prev = out.get(c.name)
-                out[c.name] = c.value if prev is None or not (c.value <= prev) else prev
-        return out
-
-    def loss(self) -> float | None:
-        return next((c.value for c in self.checks if c.kind == "loss"), None)
-
-
-def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every parameter and every floating optimizer state tensor ("w (optimizer exp_avg)")."""
-    out = []
-    for name, p in named_params:
-        out.append((name, p.detach()))
-        state = optimizer.state.get(p, {}) if optimizer is not None else {}
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                out.append((f"{name} (optimizer {key})", value.detach()))
+def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """0-d L2 norm of each tensor: one fused kernel per dtype group. fp16/bf16 are reduced into fp32 (a norm in
+    their own range overflows at 65504); fp32/fp64 in their own dtype."""
+    wide = (torch.float32, torch.float64)
+    if all(t.dtype in wide for t in tensors):
+        return list(torch._foreach_norm(tensors))
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    narrow = [i for i, t in enumerate(tensors) if t.dtype not in wide]
+    native = [i for i, t in enumerate(tensors) if t.dtype in wide]
+    for idx, kwargs in ((native, {}), (narrow, {"dtype": torch.float32})):
+        if idx:
+            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx], 2, **kwargs)):
+                out[i] = norm
     return out
 
 
+def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every parameter and every floating optimizer state tensor ("w (optimizer exp_avg)").
+    Not detached (a detach per tensor costs more than the check of a small one): read them under no_grad."""
+    out = []
+    states = optimizer.state if optimizer is not None else {}
+    for name, p in named_params:
+        out.append((name, p))
+        state = states.get(p)
+        if state:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_floating_point():
+                    out.append((f"{name} (optimizer {key})", value))
+    return out
+
+
+def _dead_ref() -> None:
+    return None
+
+
+def _first_float(output) -> torch.Tensor | None:
+    """The first floating tensor in a module's output (it stands for the module)."""
+    return next((t for _, t in flat_tensors(output) if t.is_floating_point()), None)
+
+
+def _stack64(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[n] float64 on `device` from n 0-d tensors (mixed dtypes promote; mixed devices are gathered first)."""
+    try:
+        stacked = torch.stack(values)
+    except RuntimeError:  # a model spread over devices
+        stacked = torch.stack([v.to(device) for v in values])
+    # float64: a float64 model's values above float32's range must not read as Inf
+    return stacked.to(device, torch.float64)
+
+
 class Watch:
-    """Forward hooks on every module of `model` plus explicit calls for batch, loss, gradients and parameters."""
+    """Forward hooks on every module of `model` plus explicit calls for batch, loss, gradients and parameters;
+    sync() ends a micro-batch."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.model = model
@@ -93,113 +103,206 @@ class Watch:
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.enabled = True
         self.detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
-        self._values: list[torch.Tensor] = []
-        self._labels: list[tuple[str, str, int]] = []  # (kind, name, number of values: 1, or 2 for min/max)
-        self._layer_stats: dict[str, object] = {}
-        self._handles = [m.register_forward_hook(self._on_output) for m in self.module_names]
+        self._handles: list = []
+        self._state_key: list[int] | None = None
+        self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
+        self.discard()
+        self.attach()
+
+    def attach(self) -> None:
+        """Register the forward hooks (done by the constructor; again after close())."""
+        if not self._handles:
+            self._handles = [m.register_forward_hook(self._on_output) for m in self.module_names]
 
     def close(self) -> None:
+        """Remove the forward hooks: the model runs as if never watched."""
         for h in self._handles:
             h.remove()
         self._handles = []
 
-    def _add(self, kind: str, name: str, *values: torch.Tensor) -> None:
-        self._values.extend(values)
-        self._labels.append((kind, name, len(values)))
+    def discard(self) -> None:
+        """Forget everything recorded since the last sync."""
+        self._modules: list[nn.Module] = []  # module outputs measured, in call order, and their (min, max)
+        self._minmax: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._last_output = _dead_ref
+        self._data: list[tuple[str, tuple[torch.Tensor, torch.Tensor]]] = []
+        self._scalars: dict[str, list[tuple[str, torch.Tensor]]] = {"loss": [], "loss_part": []}
+        # kind -> chunks of (names, 0-d L2 norms, the tensors themselves for a second look)
+        self._norms: dict[str, list[_NormChunk]] = {kind: [] for kind in _NORM_KINDS}
+        self._layer_stats: dict[str, object] = {}
 
+    # -- recording (all on the device) -------------------------------------------------------------------------
     def _on_output(self, module: nn.Module, inputs, output) -> None:
         if not self.enabled:
             return
-        name = self.module_names[module]
-        for _, t in flat_tensors(output):
-            if t.is_floating_point():
-                self._add("forward", name, *min_max(t))
-                if self.detailed:
-                    self._layer_stats[f"{name or '<model>'} ({type(module).__name__})"] = tensor_stats(t)
-                break  # the first floating output stands for the module
+        # the common case, a single tensor, without a generic walk of the output
+        t = output if type(output) is torch.Tensor else _first_float(output)
+        if t is None or not t.is_floating_point() or t.numel() == 0:
+            return
+        self._modules.append(module)
+        if self._last_output() is t:  # a parent passing its child's output on: measured already
+            self._minmax.append(self._minmax[-1])
+        else:
+            self._minmax.append(torch.aminmax(t.detach()))
+            self._last_output = weakref.ref(t)  # weak: holding the output would keep it alive through backward
+        if self.detailed:
+            self._layer_stats[f"{self.module_names[module] or '<model>'} ({type(module).__name__})"] = tensor_stats(t)
 
     def watch_batch(self, batch) -> None:
         for path, t in flat_tensors(batch):
-            if t.is_floating_point():
-                self._add("data", path, *min_max(t))
+            if t.is_floating_point() and t.numel():
+                self._data.append((path, torch.aminmax(t.detach())))
 
     def watch_loss(self, loss: torch.Tensor, parts: dict[str, torch.Tensor] | None = None) -> None:
-        self._add("loss", "", loss.detach().reshape(()))
+        self._scalars["loss"].append(("", loss.detach().reshape(())))
         for name, value in (parts or {}).items():
-            self._add("loss_part", name, value.detach().reshape(()))
+            self._scalars["loss_part"].append((name, value.detach().reshape(())))
 
     def watch_grads(self) -> list[torch.Tensor] | None:
-        """Per gradient: max |g| (the finiteness check; it cannot overflow) and the L2 norm (history, explosion
-        check, and returned so that clipping reuses them), each one fused kernel per device and dtype."""
+        """The L2 norm of every gradient, one fused pass: recorded, and returned so that clipping reuses them."""
         named = [(n, p.grad) for n, p in self.named_params if p.grad is not None]
         if not named:
             return None
-        for (name, _), peak in zip(named, torch._foreach_norm([g.detach() for _, g in named], INF)):
-            self._add("grad", name, peak)
-        # fp32/fp64 gradients in one fused kernel; a norm of fp16/bf16 gradients (a model cast to half) would
-        # overflow in its own dtype, so those are reduced in fp32
-        wide = [i for i, (_, g) in enumerate(named) if g.dtype in (torch.float32, torch.float64)]
-        norms: list[torch.Tensor | None] = [None] * len(named)
-        for i, norm in zip(wide, torch._foreach_norm([named[i][1].detach() for i in wide]) if wide else []):
-            norms[i] = norm
-        for i, (_, g) in enumerate(named):
-            if norms[i] is None:
-                norms[i] = torch.linalg.vector_norm(g.detach(), dtype=torch.float32)
-        for (name, _), norm in zip(named, norms):
-            self._add("grad_norm", name, norm)
+        grads = [g for _, g in named]
+        with torch.no_grad():  # a gradient of a create_graph backward requires grad itself
+            norms = l2_norms(grads)
+        self._norms["grad"].append(([n for n, _ in named], norms, grads))
         return norms
 
     def watch_params(self) -> None:
-        """After an optimizer step: max |x| of every parameter and optimizer state tensor."""
-        named = param_and_state_tensors(self.named_params, self.optimizer)
-        if named:
-            for (name, _), norm in zip(named, torch._foreach_norm([t for _, t in named], INF)):
-                self._add("param", name, norm)
+        """After an optimizer step: the L2 norm of every parameter and optimizer state tensor (read at the next
+        sync)."""
+        names, tensors = self._param_and_state()
+        if tensors:
+            with torch.no_grad():
+                norms = l2_norms(tensors)
+            self._norms["param"].append((names, norms, tensors))
 
-    def sync(self, dist_ctx=None, raised: bool = False, abort: bool = False) -> MicroResult:
-        """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch. Under DDP the
-        ranks' phase codes are all-reduced on the device first and come back in the same copy."""
-        values, codes = self._gather(dist_ctx, raised, abort)
-        checks, i = [], 0
-        for kind, name, width in self._labels:
-            value = float(values[i]) if width == 1 else _combine(float(values[i]), float(values[i + 1]))
-            checks.append(Check(kind, name, value))
-            i += width
-        result = MicroResult(checks, self._layer_stats, codes)
-        self._values, self._labels, self._layer_stats = [], [], {}
-        return result
+    def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
+        """param_and_state_tensors, rebuilt only when a state object changed: the key is the identity of every
+        state value (sound, since the cache holds them and no id can be reused meanwhile)."""
+        states = self.optimizer.state if self.optimizer is not None else {}
+        key = [id(v) for _, p in self.named_params for v in states.get(p, {}).values()]
+        if key != self._state_key:
+            named = param_and_state_tensors(self.named_params, self.optimizer)
+            self._state_key, self._named_cache = key, ([n for n, _ in named], [t for _, t in named])
+        return self._named_cache
 
-    def _gather(self, dist_ctx=None, raised: bool = False, abort: bool = False
-                ) -> tuple[np.ndarray, list[float] | None]:
-        """All recorded 0-d values as one float64 host array (one stack + cast per (device, dtype), one copy),
-        and under DDP the all-reduced [world] phase codes riding in the same copy."""
-        device = self._values[0].device if self._values else next(self.model.parameters()).device
-        groups: dict[tuple, list[int]] = {}
-        for i, v in enumerate(self._values):
-            groups.setdefault((v.device, v.dtype), []).append(i)
-        # float64 on the way: a float64 model's values above float32's range must not read as Inf
-        parts = [torch.stack([self._values[i] for i in idx]).to(device, torch.float64) for idx in groups.values()]
-        order = np.concatenate([np.asarray(idx, dtype=np.int64) for idx in groups.values()]) if groups else \
-            np.zeros(0, dtype=np.int64)
+    # -- the one sync ------------------------------------------------------------------------------------------
+    def sync(self, agree: Callable[[torch.Tensor], torch.Tensor] | None = None, raised: bool = False,
+             abort: bool = False) -> MicroResult:
+        """Copy this micro-batch's values to the host (the one sync) and start a new micro-batch.
+
+        Under DDP, `agree` all-reduces this rank's 0-d phase code into a [world] tensor (e.g. a lambda over
+        train.distributed.agree); the codes are computed on the device and come back in the same copy. `raised`:
+        user code raised; `abort`: this rank must stop (both travel in the code)."""
+        device = self._home_device()
+        layout, parts = self._layout(device)
         flat = torch.cat(parts) if parts else torch.zeros(0, device=device, dtype=torch.float64)
         n = flat.numel()
-        if dist_ctx is not None:
-            from debug_nan.train.distributed import ABORT_CODE, EXCEPTION_CODE, PHASE_CODE, agree
+        if agree is not None:
+            flat = torch.cat([flat, agree(self._device_code(flat, layout, raised, abort)).to(flat)])
+        host = np.asarray(flat.tolist(), dtype=np.float64)  # the one host sync
+        segments = self._segments(layout, host[:n])
+        self._second_look(layout, segments)
+        codes = host[n:].tolist() if agree is not None else None
+        result = MicroResult(segments, self._layer_stats, codes)
+        if codes is not None and any(c != int(c) for c in codes):
+            # some rank's norm overflowed with finite elements (rare): agree again on the settled codes
+            code = torch.tensor(float(self.host_code(result, raised, abort)), device=device)
+            result.rank_codes = agree(code).tolist()
+        self.discard()
+        return result
 
-            weights = np.zeros(len(self._values), dtype=np.float32)
-            i = 0
-            for kind, _, width in self._labels:
-                weights[i:i + width] = PHASE_CODE[kind]
-                i += width
-            w = torch.from_numpy(weights[order]).to(device, non_blocking=True)
-            local = (~torch.isfinite(flat)).float().mul(w).amax() if n else torch.zeros((), device=device)
-            if raised or abort:
-                local = torch.clamp(local, min=float(ABORT_CODE if abort else EXCEPTION_CODE))
-            flat = torch.cat([flat, agree(local, dist_ctx).double()])
-        host = flat.cpu().numpy().astype(np.float64)  # the one host sync
-        out = np.empty(len(self._values))
-        out[order] = host[:n]
-        return out, (host[n:].tolist() if dist_ctx is not None else None)
+    def _home_device(self) -> torch.device:
+        first = next(self.model.parameters(), None)
+        if first is None:
+            first = next(self.model.buffers(), None)
+        return first.device if first is not None else torch.device("cpu")
 
-    def discard(self) -> None:
-        self._values, self._labels, self._layer_stats = [], [], {}
+    def _layout(self, device: torch.device) -> tuple[list[tuple[str, list[str], int, list]], list[torch.Tensor]]:
+        """[(kind, names, width, tensors for a second look)] in KIND_ORDER, and the device float64 parts."""
+        layout, parts = [], []
+        for kind in KIND_ORDER:
+            if kind in _NORM_KINDS:
+                chunks = self._norms[kind]
+                if chunks:
+                    names = [n for c in chunks for n in c[0]]
+                    layout.append((kind, names, 1, [t for c in chunks for t in c[2]]))
+                    parts.append(_stack64([v for c in chunks for v in c[1]], device))
+            elif kind in self._scalars:
+                entries = self._scalars[kind]
+                if entries:
+                    layout.append((kind, [n for n, _ in entries], 1, []))
+                    parts.append(_stack64([v for _, v in entries], device))
+            else:
+                if kind == "forward":
+                    names, pairs = [self.module_names[m] for m in self._modules], self._minmax
+                else:
+                    names, pairs = [n for n, _ in self._data], [p for _, p in self._data]
+                if names:
+                    layout.append((kind, names, 2, []))
+                    parts.append(_stack64([p[0] for p in pairs] + [p[1] for p in pairs], device))
+        return layout, parts
+
+    @staticmethod
+    def _segments(layout, host: np.ndarray) -> list[Segment]:
+        segments, i = [], 0
+        for kind, names, width, _ in layout:
+            n = len(names)
+            if width == 2:
+                lo, hi = host[i:i + n], host[i + n:i + 2 * n]
+                nan = np.isnan(lo) | np.isnan(hi)
+                value = np.where(nan, np.nan, np.maximum(-lo, hi))
+                segments.append(Segment(kind, names, value, ~(np.isfinite(lo) & np.isfinite(hi)), lo, hi))
+            else:
+                value = host[i:i + n]
+                segments.append(Segment(kind, names, value, ~np.isfinite(value)))
+            i += width * n
+        return segments
+
+    @staticmethod
+    def _second_look(layout, segments: list[Segment]) -> None:
+        """A norm that read +Inf: was an element Inf, or did the sum of squares overflow? max |x| tells (a second
+        sync, only in this rare case). The norm stays in the history; only the finiteness flag is corrected."""
+        todo = []
+        for (kind, _, _, tensors), seg in zip(layout, segments):
+            if kind in _NORM_KINDS:
+                todo += [(seg, int(i), tensors[i]) for i in np.flatnonzero(np.isposinf(seg.value))]
+        if not todo:
+            return
+        with torch.no_grad():
+            peaks = torch.stack([torch.stack(torch.aminmax(t)).to(todo[0][2].device, torch.float64).abs().max()
+                                 for _, _, t in todo]).tolist()
+        for (seg, i, _), peak in zip(todo, peaks):
+            seg.nonfinite[i] = not np.isfinite(peak)
+
+    @staticmethod
+    def host_code(result: MicroResult, raised: bool = False, abort: bool = False) -> int:
+        """This rank's phase code from settled host values (the device computes the same in _device_code)."""
+        bad = result.first_harm()
+        code = PHASE_CODE[bad.kind] if bad is not None else 0
+        return max(code, ABORT_CODE if abort else EXCEPTION_CODE if raised else 0)
+
+    @staticmethod
+    def _device_code(flat: torch.Tensor, layout, raised: bool, abort: bool) -> torch.Tensor:
+        """0-d float32 phase code of this micro-batch, on the device (no sync). As host_code, plus 0.5 when a norm
+        read +Inf (it may have overflowed with finite elements: the ranks then settle it in a second round)."""
+        # per kind, on slices of the flat vector: no host array is copied to the device (a pageable copy can
+        # block like a sync)
+        code = harm = data = ambiguous = torch.zeros((), device=flat.device, dtype=torch.float64)
+        bad, start = ~torch.isfinite(flat), 0
+        for kind, names, width, _ in layout:
+            part = slice(start, start + len(names) * width)
+            start = part.stop
+            if kind in HARM_KINDS:
+                harm = torch.maximum(harm, bad[part].any() * float(PHASE_CODE[kind]))
+            if kind in _NORM_KINDS:
+                ambiguous = ambiguous + torch.isposinf(flat[part]).any()
+            if kind == "data":
+                data = bad[part].any() * float(PHASE_CODE["data"])
+        if layout:
+            code = torch.maximum(harm, data * (harm > 0)) + 0.5 * (ambiguous > 0)
+        if abort or raised:
+            code = torch.clamp(code, min=float(ABORT_CODE if abort else EXCEPTION_CODE))
+        return code.float()

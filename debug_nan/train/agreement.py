@@ -17,8 +17,9 @@ import torch
 from debug_nan.checks.driver import TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import StepRecord
+from debug_nan.checks.watch import ABORT_CODE, CODE_PHASE, PHASE_CODE
 from debug_nan.errors import InputError, describe_exception
-from debug_nan.train.distributed import (ABORT_CODE, CODE_PHASE, PHASE_CODE, DistContext, agree, average_gradients,
+from debug_nan.train.distributed import (DistContext, agree, average_gradients,
                                          broadcast)
 from debug_nan.train.outcome import MicroOutcome
 
@@ -44,6 +45,10 @@ class RunAborted(Exception):
 class RankAgreement:
     def __init__(self, ctx: DistContext, device: torch.device, log):
         self.ctx, self.device, self.log = ctx, device, log
+
+    def agree_codes(self, local_code: torch.Tensor) -> torch.Tensor:
+        """The watch's per-micro-batch phase code -> every rank's code [world] (one MAX all-reduce)."""
+        return agree(local_code, self.ctx)
 
     def decide(self, o: MicroOutcome, pinpoint: Callable[[MicroOutcome, bool], Finding | None],
                genuine_gradient_trip: Callable[[MicroOutcome], bool] | None,

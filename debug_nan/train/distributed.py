@@ -26,11 +26,6 @@ import torch.distributed as dist
 
 from debug_nan.errors import InputError
 
-# how early a check runs in a micro-batch: a higher code was seen earlier (0 = nothing seen)
-PHASE_CODE = {"param": 6, "data": 5, "forward": 4, "loss": 3, "loss_part": 3, "grad": 1, "grad_norm": 0}
-ABORT_CODE = 7  # a rank must stop for a reason that is not numerical (bad input, out of memory, Ctrl-C)
-EXCEPTION_CODE = 2  # user code raised (between the loss and the gradients, as far as ordering goes)
-CODE_PHASE = {7: "abort", 6: "optimizer", 5: "data", 4: "forward", 3: "loss", 2: "exception", 1: "backward"}
 
 
 @dataclass

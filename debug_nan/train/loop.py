@@ -64,6 +64,7 @@ class Trainer:
                 broadcast_buffers=False)
             self.agreement = RankAgreement(dist_ctx, self.device, log)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
+        self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
         self.recipe = build_recipe(task, settings, [p for p in self.model.parameters() if p.requires_grad], log)
         self.optimizer, self.scheduler = self.recipe.optimizer, self.recipe.scheduler
         self.s = replace(settings, max_grad_norm=self.recipe.max_grad_norm)  # the settings as this run uses them
@@ -156,8 +157,8 @@ class Trainer:
                 self.undo_update(finding, inputs, previous)
                 previous = None
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
-                final = self.watch.sync(self.dist)
-                finding = self.decide(MicroOutcome(previous, self.accumulation_steps, final.first_nonfinite(),
+                final = self.watch.sync(self.agree_codes)
+                finding = self.decide(MicroOutcome(previous, self.accumulation_steps, final.first_harm(),
                                                    rank_codes=final.rank_codes, previous=previous))
                 if finding is not None:
                     result.findings.append(finding)
@@ -249,11 +250,11 @@ class Trainer:
                 outcome.abort = exc
             else:
                 outcome.error = exc
-        result = self.watch.sync(self.dist, raised=outcome.error is not None, abort=outcome.abort is not None)
+        result = self.watch.sync(self.agree_codes, raised=outcome.error is not None, abort=outcome.abort is not None)
         if outcome.abort is None:
             self.history.add_micro(record, result, last)
         self.observer.layer_trace(micro, result.layer_stats)
-        outcome.check, outcome.rank_codes = result.first_nonfinite(), result.rank_codes
+        outcome.check, outcome.rank_codes = result.first_harm(), result.rank_codes
         return outcome
 
     def next_batch(self, stream, inputs: StepInputs, micro: int):
