@@ -173,6 +173,8 @@ class Trainer:
         finally:
             bar.close()
         result.finding = result.findings[0] if result.findings else None
+        # non-finite module outputs / batch tensors that are not findings by themselves (masks, nanmean inputs)
+        result.notes.extend(self.history.nonfinite_notes())
         if result.finding is not None:
             result.status = "nonfinite"
         elif result.error is not None:
