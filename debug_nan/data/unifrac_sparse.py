@@ -32,7 +32,7 @@ SPARSE_COST = {"unweighted": 20.0, "weighted": 40.0}
 DENSE_BYTES = 256 * 2**20  # memory allowed for the dense columns of all samples
 ROW_BLOCK_ELEMENTS = 2**21  # one row block's [rows, S] float64 result (16 MiB)
 PAIRS_PER_CHUNK = 2**22  # sharing pairs enumerated at once (weighted, sparse nodes)
-UNWEIGHTED_TILE = 2048  # rows x columns of one unweighted tile
+UNWEIGHTED_TILE = 1024  # rows x columns of one unweighted tile
 
 
 @dataclass
@@ -98,16 +98,10 @@ def unifrac_sparse(counts: sp.csr_matrix, trees: TreeArrays, metric: str, out: n
     progress(rows_done) is called after each row block."""
     counts = sp.csr_matrix(counts, dtype=np.float64)
     counts.sort_indices()
-    n = counts.shape[0]
-    nodes = (counts @ trees.ancestors).tocsr()  # [S, nodes] abundance under each node
-    nodes.eliminate_zeros()
-    coverage = np.bincount(nodes.indices, minlength=trees.n_nodes)
     if metric == "unweighted":
-        _unweighted(nodes, trees.length, coverage, out, progress)
+        _unweighted(counts, trees, out, progress)
     else:
-        totals = np.asarray(counts.sum(axis=1)).ravel()
-        depth_sum = counts @ trees.depth  # [S] sum_t count_t depth_t
-        _weighted(nodes, totals, depth_sum, trees.length, coverage, out, progress)
+        _weighted(counts, trees, out, progress)
     np.fill_diagonal(out, 0.0)
 
 
@@ -125,23 +119,34 @@ def _store(out: np.ndarray, r0: int, c0: int, tile: np.ndarray) -> None:
     out[c0:c0 + tile.shape[1], r0:r0 + tile.shape[0]] = tile.T
 
 
-def _unweighted(nodes: sp.csr_matrix, length: np.ndarray, coverage: np.ndarray, out: np.ndarray,
-                progress) -> None:
+def _node_abundances(counts: sp.csr_matrix, trees: TreeArrays) -> tuple[sp.csr_matrix, np.ndarray]:
+    """CSR [S, nodes]: each sample's count under each node; and coverage [nodes]: samples reaching each."""
+    nodes = (counts @ trees.ancestors).tocsr()
+    nodes.eliminate_zeros()
+    return nodes, np.bincount(nodes.indices, minlength=trees.n_nodes)
+
+
+def _unweighted(counts: sp.csr_matrix, trees: TreeArrays, out: np.ndarray, progress) -> None:
     """shared = sum over nodes both reach of b_n: dense nodes by BLAS, sparse nodes by a sparse product; tiles
     of UNWEIGHTED_TILE rows x columns, upper triangle only."""
-    n = nodes.shape[0]
-    present = nodes.copy()
-    present.data = np.ones_like(present.data)
+    n, length = counts.shape[0], trees.length
+    present, coverage = _node_abundances(counts, trees)
+    present.data[:] = 1.0
     total = present @ length  # [S] branch length each sample reaches
     dense = _split_nodes(coverage, n, "unweighted", 1)
     dense_cols = np.flatnonzero(dense)
     # 0/1 presence of the dense nodes for all samples, as bytes (exact, 8x smaller than float64)
-    dense_present = present[:, dense_cols].toarray().astype(np.uint8)
+    dense_part = present[:, dense_cols]
+    dense_present = sp.csr_matrix((np.ones(dense_part.nnz, dtype=np.uint8), dense_part.indices,
+                                   dense_part.indptr), shape=dense_part.shape).toarray()
+    del dense_part
     dense_lengths = length[dense_cols]
-    sparse_present = present[:, ~dense].tocsr()
-    weighted_sparse = sparse_present.multiply(length[~dense][None, :]).tocsr()
+    weighted_sparse = present[:, ~dense].tocsr()
+    right_sparse_source = weighted_sparse.copy()
+    weighted_sparse.data = length[~dense][weighted_sparse.indices]
     tile = UNWEIGHTED_TILE
-    right_sparse = [sparse_present[c0:c0 + tile].T.tocsr() for c0 in range(0, n, tile)]
+    right_sparse = [right_sparse_source[c0:c0 + tile].T.tocsr() for c0 in range(0, n, tile)]
+    del right_sparse_source, present
     for lo, hi in _row_blocks(n, tile):
         left = dense_present[lo:hi] * dense_lengths  # float64 [rows, dense nodes]
         for c0 in range(lo, n, tile):
@@ -156,21 +161,24 @@ def _unweighted(nodes: sp.csr_matrix, length: np.ndarray, coverage: np.ndarray, 
             progress(hi)
 
 
-def _weighted(nodes: sp.csr_matrix, totals: np.ndarray, depth_sum: np.ndarray, length: np.ndarray,
-              coverage: np.ndarray, out: np.ndarray, progress) -> None:
+def _weighted(counts: sp.csr_matrix, trees: TreeArrays, out: np.ndarray, progress) -> None:
     """num = sum_n b_n |p_in - p_jn|: dense nodes by a vectorised L1; a sparse node adds b_n (p_in + p_jn) for
     every pair minus 2 b_n min(p_in, p_jn) for the pairs that share it (enumerated)."""
     import torch
 
-    n = nodes.shape[0]
+    n, length = counts.shape[0], trees.length
+    totals = np.asarray(counts.sum(axis=1)).ravel()
+    depth_sum = counts @ trees.depth  # [S] sum_t count_t depth_t
     safe = np.where(totals > 0, totals, 1.0)
-    scaled = sp.diags(1.0 / safe) @ nodes @ sp.diags(length)  # b_n p_in, [S, nodes]
-    scaled = scaled.tocsr()
+    scaled, _ = _node_abundances(counts, trees)
+    # b_n p_in in place: row i divided by its total, column n times its length
+    scaled.data *= length[scaled.indices] / np.repeat(safe, np.diff(scaled.indptr))
     scaled.eliminate_zeros()  # zero-length branches add nothing
     coverage = np.bincount(scaled.indices, minlength=length.size)
     dense = _split_nodes(coverage, n, "weighted", 8)
     dense_vals = torch.from_numpy(scaled[:, np.flatnonzero(dense)].toarray())
     sparse_rows = scaled[:, ~dense].tocsr()  # [S, sparse nodes]
+    del scaled
     sparse_rows.sort_indices()
     linear = np.asarray(sparse_rows.sum(axis=1)).ravel()  # sum over sparse nodes of b_n p_in
     by_node = sparse_rows.tocsc()
