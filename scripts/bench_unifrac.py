@@ -4,7 +4,7 @@
     python scripts/bench_unifrac.py --samples 20000 --features 100000 --metric unweighted
 
 Tables come from scripts/make_sparse_table.py (50-500 features per sample, a random tree). Each measurement
-runs in its own child process, so its peak RSS (ru_maxrss) is its own: the table and tree are built first in
+runs in its own child process, so its peak RSS (ru_maxrss) and CPU time are its own: the table and tree are built first in
 that process (their size is reported as the baseline), then the distances are computed. The built-in engine
 runs through debug_nan.data.unifrac.unifrac_targets with a fresh cache folder (large results memory-mapped
 there, as in a real run); scikit-bio gets the dense table it needs. Prints one line per run; --json writes all.
@@ -39,7 +39,7 @@ def _run(engine: str, metric: str, samples: int, features: int, seed: int, resul
 
     counts, feature_ids, sample_ids, tree = make_sparse_table(samples, features, seed=seed)
     baseline = _rss_mib()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if engine == "skbio":
         from debug_nan.data.unifrac import unifrac_skbio
 
@@ -51,14 +51,14 @@ def _run(engine: str, metric: str, samples: int, features: int, seed: int, resul
         os.environ["DEBUG_NAN_CACHE_DIR"] = cache.name
         dist = unifrac_targets(counts, feature_ids, sample_ids, tree, metric, engine="builtin",
                                log=lambda line: print("   ", line, flush=True)).distances
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if result_path:
         np.save(result_path, np.asarray(dist))
     if engine != "skbio":
         del dist
         cache.cleanup()
     queue.put({"engine": engine, "metric": metric, "samples": samples, "features": features,
-               "nonzeros": int(counts.nnz), "seconds": seconds, "peak_rss_mib": _rss_mib(),
+               "nonzeros": int(counts.nnz), "seconds": seconds, "cpu_seconds": cpu, "peak_rss_mib": _rss_mib(),
                "rss_before_mib": baseline})
 
 
@@ -95,7 +95,7 @@ def main() -> None:
                     results[engine] = np.load(out)
                 rows.append(row)
                 print(f"{metric:<10} {engine:<8} {args.samples:,} x {args.features:,} ({row['nonzeros']:,} "
-                      f"non-zeros): {row['seconds']:8.1f} s, peak RSS {row['peak_rss_mib']:,.0f} MiB (table + tree "
+                      f"non-zeros): {row['seconds']:8.1f} s ({row['cpu_seconds']:.1f} s CPU), peak RSS {row['peak_rss_mib']:,.0f} MiB (table + tree "
                       f"alone {row['rss_before_mib']:,.0f} MiB)", flush=True)
             if args.skbio:
                 a, b = results["builtin"], results["skbio"]

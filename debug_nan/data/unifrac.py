@@ -145,8 +145,8 @@ def _builtin(counts: sp.csr_matrix, trees, metric: str, fp: dict, log) -> tuple[
         tmp = None
     where = f", memory-mapped in {tmp}" if tmp is not None else ""
     log(f"Computing UniFrac ({metric}) with {BUILTIN} (scikit-bio's conventions): {n:,} samples x "
-        f"{counts.shape[1]:,} features ({counts.nnz:,} non-zeros), tree of {trees.n_nodes:,} nodes; result {n:,}x{n:,} float64 "
-        f"({_size(8.0 * n * n)}{where})...")
+        f"{counts.shape[1]:,} features ({counts.nnz:,} non-zeros), tree of {trees.n_nodes:,} nodes; result "
+        f"{n:,}x{n:,} float64 ({_size(8.0 * n * n)}{where})...")
     start = last = time.perf_counter()
     total_pairs = n * (n + 1) / 2
 
