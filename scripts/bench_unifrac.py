@@ -34,11 +34,40 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class AnonymousPeak:
+    """Peak RssAnon (MiB), sampled every 0.1 s: the process's own memory, without the pages of the
+    memory-mapped result (file-backed, which ru_maxrss also counts and the kernel can drop at will)."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self._stop = 0.0, threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                self.peak = max(self.peak, int(line.split()[1]) / 1024)
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return self.peak
+
+
 def _run(engine: str, metric: str, samples: int, features: int, seed: int, result_path: str, queue) -> None:
     import os
 
     counts, feature_ids, sample_ids, tree = make_sparse_table(samples, features, seed=seed)
     baseline = _rss_mib()
+    anonymous = AnonymousPeak()
     start, cpu_start = time.perf_counter(), time.process_time()
     if engine == "skbio":
         from debug_nan.data.unifrac import unifrac_skbio
@@ -52,6 +81,7 @@ def _run(engine: str, metric: str, samples: int, features: int, seed: int, resul
         dist = unifrac_targets(counts, feature_ids, sample_ids, tree, metric, engine="builtin",
                                log=lambda line: print("   ", line, flush=True)).distances
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    anonymous_peak = anonymous.stop()
     if result_path:
         np.save(result_path, np.asarray(dist))
     if engine != "skbio":
@@ -59,6 +89,7 @@ def _run(engine: str, metric: str, samples: int, features: int, seed: int, resul
         cache.cleanup()
     queue.put({"engine": engine, "metric": metric, "samples": samples, "features": features,
                "nonzeros": int(counts.nnz), "seconds": seconds, "cpu_seconds": cpu, "peak_rss_mib": _rss_mib(),
+               "peak_anonymous_rss_mib": anonymous_peak,
                "rss_before_mib": baseline})
 
 
@@ -95,8 +126,9 @@ def main() -> None:
                     results[engine] = np.load(out)
                 rows.append(row)
                 print(f"{metric:<10} {engine:<8} {args.samples:,} x {args.features:,} ({row['nonzeros']:,} "
-                      f"non-zeros): {row['seconds']:8.1f} s ({row['cpu_seconds']:.1f} s CPU), peak RSS {row['peak_rss_mib']:,.0f} MiB (table + tree "
-                      f"alone {row['rss_before_mib']:,.0f} MiB)", flush=True)
+                      f"non-zeros): {row['seconds']:8.1f} s ({row['cpu_seconds']:.1f} s CPU), peak RSS {row['peak_rss_mib']:,.0f} MiB, of it "
+                      f"anonymous {row['peak_anonymous_rss_mib']:,.0f} MiB (table + tree alone "
+                      f"{row['rss_before_mib']:,.0f} MiB)", flush=True)
             if args.skbio:
                 a, b = results["builtin"], results["skbio"]
                 same_nan = bool((np.isnan(a) == np.isnan(b)).all())
