@@ -117,15 +117,19 @@ def unifrac_targets(counts: sp.csr_matrix, feature_ids: list[str], sample_ids: l
     tmp = None
     if dist is None:
         dist, tmp = _builtin(counts, trees, metric, fp, log)
-    scanned = cache.scan(dist)
-    seconds = time.perf_counter() - start
     try:
-        path = cache.write_entry(fp, dist, scanned, tmp)
-        where = f"cached in {path}"
-        if tmp is not None:  # reopen read-only: the caller must not be able to change the cached numbers
-            dist = np.load(path, mmap_mode="r")
-    except OSError as exc:
-        path, where = None, f"not cached ({exc})"
+        scanned = cache.scan(dist)
+        seconds = time.perf_counter() - start
+        try:
+            path = cache.write_entry(fp, dist, scanned, tmp)
+            where = f"cached in {path}"
+            if tmp is not None:  # reopen read-only: the caller must not be able to change the cached numbers
+                dist = np.load(path, mmap_mode="r")
+        except OSError as exc:
+            path, where = None, f"not cached ({exc})"
+    finally:  # a memmap's temporary file never outlives this call (the mapping stays valid once unlinked)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     log(f"UniFrac ({metric}, {name}) over {n:,} samples x {counts.shape[1]:,} features took {seconds:.1f} s; "
         f"{where}.")
     return _targets(dist, sample_ids, metric, name, scanned, False, path, log)
