@@ -120,7 +120,7 @@ def _store(out: np.ndarray, r0: int, c0: int, tile: np.ndarray) -> None:
 
 
 def _node_abundances(counts: sp.csr_matrix, trees: TreeArrays) -> tuple[sp.csr_matrix, np.ndarray]:
-    """CSR [S, nodes]: each sample's count under each node; and coverage [nodes]: samples reaching each."""
+    """CSR [rows, nodes]: each sample's count under each node; and coverage [nodes]: samples reaching each."""
     nodes = (counts @ trees.ancestors).tocsr()
     nodes.eliminate_zeros()
     return nodes, np.bincount(nodes.indices, minlength=trees.n_nodes)
@@ -130,23 +130,38 @@ def _unweighted(counts: sp.csr_matrix, trees: TreeArrays, out: np.ndarray, progr
     """shared = sum over nodes both reach of b_n: dense nodes by BLAS, sparse nodes by a sparse product; tiles
     of UNWEIGHTED_TILE rows x columns, upper triangle only."""
     n, length = counts.shape[0], trees.length
-    present, coverage = _node_abundances(counts, trees)
-    present.data[:] = 1.0
-    total = present @ length  # [S] branch length each sample reaches
+    chunks = [(lo, min(n, lo + UNWEIGHTED_TILE)) for lo in range(0, n, UNWEIGHTED_TILE)]
+    # node presence is built per chunk of samples (twice: to count coverage, then to split): the whole
+    # [S, nodes] matrix is never held, only its sparse columns and the dense ones as bytes
+    coverage = np.zeros(trees.n_nodes, dtype=np.int64)
+    total = np.empty(n)  # [S] branch length each sample reaches
+    for lo, hi in chunks:
+        nodes = _node_abundances(counts[lo:hi], trees)[0]
+        coverage += np.bincount(nodes.indices, minlength=trees.n_nodes)
+        nodes.data[:] = 1.0
+        total[lo:hi] = nodes @ length
     dense = _split_nodes(coverage, n, "unweighted", 1)
     dense_cols = np.flatnonzero(dense)
-    # 0/1 presence of the dense nodes for all samples, as bytes (exact, 8x smaller than float64)
-    dense_part = present[:, dense_cols]
-    dense_present = sp.csr_matrix((np.ones(dense_part.nnz, dtype=np.uint8), dense_part.indices,
-                                   dense_part.indptr), shape=dense_part.shape).toarray()
-    del dense_part
     dense_lengths = length[dense_cols]
-    weighted_sparse = present[:, ~dense].tocsr()
-    right_sparse_source = weighted_sparse.copy()
-    weighted_sparse.data = length[~dense][weighted_sparse.indices]
+    rank = np.cumsum(dense) - 1, np.cumsum(~dense) - 1  # a node's column among the dense / sparse ones
+    dense_present = np.zeros((n, dense_cols.size), dtype=np.uint8)  # 0/1, exact, 8x smaller than float64
+    sparse_indices, sparse_counts = [], []
+    for lo, hi in chunks:
+        nodes = _node_abundances(counts[lo:hi], trees)[0]
+        rows = np.repeat(np.arange(lo, hi), np.diff(nodes.indptr))
+        is_dense = dense[nodes.indices]
+        dense_present[rows[is_dense], rank[0][nodes.indices[is_dense]]] = 1
+        sparse_indices.append(rank[1][nodes.indices[~is_dense]].astype(np.int32))
+        sparse_counts.append(np.bincount(rows[~is_dense] - lo, minlength=hi - lo))
+    indices = np.concatenate(sparse_indices)
+    indptr = np.concatenate([[0], np.cumsum(np.concatenate(sparse_counts))])
+    del sparse_indices
+    shape = (n, int((~dense).sum()))
     tile = UNWEIGHTED_TILE
-    right_sparse = [right_sparse_source[c0:c0 + tile].T.tocsr() for c0 in range(0, n, tile)]
-    del right_sparse_source, present
+    right_sparse = [sp.csr_matrix((np.ones(indptr[c1] - indptr[c0]), indices[indptr[c0]:indptr[c1]],
+                                   indptr[c0:c1 + 1] - indptr[c0]), shape=(c1 - c0, shape[1])).T.tocsr()
+                    for c0, c1 in chunks]
+    weighted_sparse = sp.csr_matrix((length[~dense][indices], indices, indptr), shape=shape)
     for lo, hi in _row_blocks(n, tile):
         left = dense_present[lo:hi] * dense_lengths  # float64 [rows, dense nodes]
         for c0 in range(lo, n, tile):
