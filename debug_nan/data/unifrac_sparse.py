@@ -185,15 +185,33 @@ def _weighted(counts: sp.csr_matrix, trees: TreeArrays, out: np.ndarray, progres
     totals = np.asarray(counts.sum(axis=1)).ravel()
     depth_sum = counts @ trees.depth  # [S] sum_t count_t depth_t
     safe = np.where(totals > 0, totals, 1.0)
-    scaled, _ = _node_abundances(counts, trees)
-    # b_n p_in in place: row i divided by its total, column n times its length
-    scaled.data *= length[scaled.indices] / np.repeat(safe, np.diff(scaled.indptr))
-    scaled.eliminate_zeros()  # zero-length branches add nothing
-    coverage = np.bincount(scaled.indices, minlength=length.size)
+    chunks = [(lo, min(n, lo + UNWEIGHTED_TILE)) for lo in range(0, n, UNWEIGHTED_TILE)]
+
+    def scaled(lo: int, hi: int) -> sp.csr_matrix:
+        """CSR [hi-lo, nodes] of b_n p_in; zero-length branches dropped (they add nothing)."""
+        nodes = _node_abundances(counts[lo:hi], trees)[0]
+        nodes.data *= length[nodes.indices] / np.repeat(safe[lo:hi], np.diff(nodes.indptr))
+        nodes.eliminate_zeros()
+        return nodes
+
+    # built per chunk of samples, twice (coverage, then the split), as in _unweighted
+    coverage = np.zeros(trees.n_nodes, dtype=np.int64)
+    for lo, hi in chunks:
+        coverage += np.bincount(scaled(lo, hi).indices, minlength=trees.n_nodes)
     dense = _split_nodes(coverage, n, "weighted", 8)
-    dense_vals = torch.from_numpy(scaled[:, np.flatnonzero(dense)].toarray())
-    sparse_rows = scaled[:, ~dense].tocsr()  # [S, sparse nodes]
-    del scaled
+    rank = np.cumsum(dense) - 1, np.cumsum(~dense) - 1  # a node's column among the dense / sparse ones
+    dense_vals = torch.zeros((n, int(dense.sum())), dtype=torch.float64)
+    parts = []
+    for lo, hi in chunks:
+        part = scaled(lo, hi)
+        rows = np.repeat(np.arange(lo, hi), np.diff(part.indptr))
+        is_dense = dense[part.indices]
+        dense_vals[rows[is_dense], rank[0][part.indices[is_dense]]] = torch.from_numpy(part.data[is_dense])
+        parts.append(sp.csr_matrix((part.data[~is_dense], (rows[~is_dense] - lo,
+                                                          rank[1][part.indices[~is_dense]])),
+                                   shape=(hi - lo, int((~dense).sum()))))
+    sparse_rows = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, int((~dense).sum())))
+    del parts
     sparse_rows.sort_indices()
     linear = np.asarray(sparse_rows.sum(axis=1)).ravel()  # sum over sparse nodes of b_n p_in
     by_node = sparse_rows.tocsc()
