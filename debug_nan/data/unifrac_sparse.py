@@ -13,8 +13,9 @@ enormously in how many samples reach them: the few near the root are reached by 
 Nodes are split by that coverage, with a cost model: a well-covered node is cheaper as a dense column (BLAS for
 the unweighted shared length, a vectorised L1 for weighted), a rarely covered one as the pairs that share it
 (a sparse product, or an enumeration of the sharing pairs). The [S, S] result is filled in row blocks, each
-block written to both triangles, so memory holds the sparse abundances, the dense columns (capped at
-DENSE_BYTES) and one block, never a dense [S, nodes] float64 array.
+block written to both triangles. Node abundances are built per chunk of samples and split at once, so memory
+holds the sparse columns, the dense ones (capped at DENSE_BYTES; bytes for unweighted) and one block, never a
+whole [S, nodes] matrix.
 """
 
 from __future__ import annotations
