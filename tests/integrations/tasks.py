@@ -77,6 +77,72 @@ def masked_attention():
     return _task((3,))
 
 
+
+def net_loss_refusing_nan(model, batch):
+    """A training loop's own NaN check: raises instead of returning a NaN loss."""
+    pred = model(batch["x"], batch["valid"])
+    if torch.isnan(pred).any():
+        raise ValueError(f"NaN in the predictions {tuple(pred.shape)}")
+    return ((pred - batch["y"]) ** 2 * batch["valid"]).sum() / batch["valid"].sum().clamp_min(1)
+
+
+class Wide(nn.Module):
+    """Healthy in fp16 (gradients ~1), but the initial loss scale 65536 pushes the scaled gradients past 65504:
+    a GradScaler skips those steps and lowers the scale (expected, no finding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(D, 64)
+        self.out = nn.Linear(64, 1)
+        with torch.no_grad():
+            self.out.weight.fill_(0.3)
+
+    def forward(self, x):
+        return self.out(self.inp(x))
+
+
+def sum_loss(model, batch):
+    return model(batch["x"]).sum()
+
+
+def plain_batches(n=4, seed=10):
+    g = torch.Generator().manual_seed(seed)
+    return [{"x": torch.randn(8, D, generator=g), "y": torch.randn(8, generator=g)} for _ in range(n)]
+
+
+class Distances(nn.Module):
+    """Pairwise distances through sqrt, 0 on the diagonal: finite forward, NaN gradient at any loss scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+
+    def forward(self, x):
+        z = self.proj(x)
+        return torch.sqrt(((z[:, None, :] - z[None, :, :]) ** 2).sum(-1))
+
+
+def distance_loss(model, batch):
+    d = model(batch["x"])
+    return ((d.float() - 1.0) ** 2).mean()  # in float32, as a loss should be under fp16 autocast
+
+
+class Gated(nn.Module):
+    """A parameter whose gradient is exactly 0: with Adam eps=0 its update is 0/0 in the optimizer step."""
+
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Linear(D, 1)
+        self.unused_scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.main(x).squeeze(-1) + 0.0 * self.unused_scale
+
+
+def mse_loss(model, batch):
+    return ((model(batch["x"]).reshape(-1) - batch["y"]) ** 2).mean()
+
+
 # -- a tiny BERT for the HF Trainer tests ---------------------------------------------------------------------
 VOCAB, SEQ, HF_BATCH = 50, 8, 2
 
