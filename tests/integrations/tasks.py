@@ -203,3 +203,30 @@ def bert_healthy():
 def bert_unlabelled_sequence():
     """Sample 7 has no labelled token: micro-batch 4 (0-based 3) -> step 4, or step 2 micro-batch 2 with 2."""
     return _hf_task((7,))
+
+
+class Norms(nn.Module):
+    """Per-sample norms of a scaled input: a sample that is all zeros has a finite norm 0 but a NaN gradient
+    (d sqrt(s) / ds is infinite at 0). x [B, D] -> [B]."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(D))
+
+    def forward(self, x):
+        return torch.sqrt(((x * self.scale) ** 2).sum(-1))
+
+
+def norms_loss(model, batch):
+    return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+
+def norm_batches(n=8, zero_at=(), seed=12):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        x = torch.randn(4, D, generator=g)
+        if i in zero_at:
+            x[1] = 0.0
+        out.append({"x": x, "y": torch.rand(4, generator=g)})
+    return out
