@@ -70,7 +70,8 @@ class HFMonitor(FrameworkMonitor):
         self.model.train()
         inputs = t._prepare_inputs(batch)  # a new mapping, as in training_step: compute_loss may pop "labels"
         with t.compute_loss_context_manager():
-            loss = t.compute_loss(self.model, inputs, num_items_in_batch=self.num_items)
+            extra = {"num_items_in_batch": self.num_items} if self.num_items is not None else {}
+            loss = t.compute_loss(self.model, inputs, **extra)
         return split_loss(loss)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -172,17 +173,17 @@ class DebugNaNCallback(TrainerCallback):
         original = getattr(wrapped, "__wrapped__", None) or t.training_step  # not twice after an aborted train()
 
         @functools.wraps(original)
-        def training_step(model, inputs, num_items_in_batch=None, *args, **kwargs):
+        def training_step(model, inputs, *args, **kwargs):
             m = self.monitor
             if m.stopped:
-                return original(model, inputs, num_items_in_batch, *args, **kwargs)
+                return original(model, inputs, *args, **kwargs)
             if self._first:
-                m.new_step(num_items_in_batch)
+                m.new_step(args[0] if args else kwargs.get("num_items_in_batch"))
             m.begin(inputs, first=self._first, step=t.state.global_step + 1)
             self._first = False
             last = t.accelerator.sync_gradients
             try:
-                loss = original(model, inputs, num_items_in_batch, *args, **kwargs)
+                loss = original(model, inputs, *args, **kwargs)
             except BaseException as exc:
                 self._raised(exc, last)
                 raise
