@@ -165,6 +165,8 @@ class DebugNaNCallback(TrainerCallback):
         if self.outputs.result is None:
             self.monitor.finish()
             self._conclude()
+        if self.monitor.findings:  # the NaN gradient that made an fp16 scaler skip the last step is not kept
+            self.monitor.model.zero_grad(set_to_none=True)
 
     # -- the wrapped training_step -----------------------------------------------------------------------------
     def _install(self) -> None:

@@ -167,10 +167,13 @@ class DebugNaNCallback(pl.Callback):
         self._conclude(trainer, error=exception, alone=True)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.monitor is None or self.outputs.result is not None:
+        if self.monitor is None:
             return
-        self.monitor.finish()
-        self._conclude(trainer)
+        if self.outputs.result is None:
+            self.monitor.finish()
+            self._conclude(trainer)
+        if self.monitor.findings:  # the NaN gradient that made an fp16 scaler skip the last step is not kept
+            pl_module.zero_grad(set_to_none=True)
 
     # -- a trip ------------------------------------------------------------------------------------------------
     def _end(self, trainer, last: bool) -> None:
