@@ -129,7 +129,8 @@ def measure(run, a) -> dict:
         watched.append(pair[True])
         ratios.append(pair[True] / pair[False])
     return {"plain_ms_per_step": 1e3 * statistics.median(plain),
-            "watched_ms_per_step": 1e3 * statistics.median(watched), "median_ratio": statistics.median(ratios), "ratios": ratios}
+            "watched_ms_per_step": 1e3 * statistics.median(watched), "median_ratio": statistics.median(ratios),
+            "ratios": ratios}
 
 
 def main() -> None:
