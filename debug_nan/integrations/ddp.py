@@ -13,6 +13,8 @@ framework then ends the job as it would without the callback.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -24,8 +26,6 @@ def context() -> DistContext | None:
     """The process group the framework initialised, or None for one process."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    import os
-
     rank = dist.get_rank()
     return DistContext(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)))
 
@@ -52,21 +52,20 @@ def decide_across_ranks(m, result, bad, last: bool):
             return None
         finding = m.pinpointer.pinpoint(previous, len(previous.batches), bad, None, optimizer=True,
                                         trace=rank == src)
+        if rank == src:
+            m.save_bundle(finding, previous, len(previous.batches), bad, True)
         return _agreed(m, broadcast(finding if rank == src else None, src), src, first, previous.snapshot)
-    finding, bundle_dir = None, m.bundle_dir
-    m.bundle_dir = None  # only the rank that is reported writes a bundle
+    finding = None
     try:
         if rank in first:
             finding = m.pinpointer.pinpoint(m.inputs, m.micro, bad, None)
     except Exception as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
         m.log(f"  [ddp] rank {rank} could not replay: {describe_exception(exc)}", "yellow")
-    finally:
-        m.bundle_dir = bundle_dir
     found = finding is not None and finding.detected_by != "watch"
     flags = agree(torch.tensor(1.0 if found else 0.0, device=m.device), m.dist).tolist()
     src = next((r for r, f in enumerate(flags) if f > 0), first[0])
-    if rank == src and finding is not None and bundle_dir is not None:
-        _write_bundle(m, finding, bad, bundle_dir)
+    if rank == src and finding is not None:
+        m.save_bundle(finding, m.inputs, m.micro, bad, False)
     return _agreed(m, broadcast(finding if rank == src else None, src), src, first, m.inputs.snapshot)
 
 
@@ -77,12 +76,3 @@ def _agreed(m, finding, src: int, first: list[int], snapshot):
         m.notes.append(f"rank {src} saw a non-finite value but could not pinpoint it (see its log).")
     return m.stop(finding, snapshot)
 
-
-def _write_bundle(m, finding, check, directory: str) -> None:
-    from debug_nan.report.bundle import write_bundle
-
-    try:
-        finding.bundle = str(write_bundle(m, m.inputs, m.micro, finding, check, False, directory))
-        m.log(f"  [bundle] repro bundle written: {finding.bundle}")
-    except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
-        m.log(f"  [bundle] could not write the repro bundle to {directory}: {type(exc).__name__}: {exc}", "yellow")

@@ -35,7 +35,7 @@ from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
-from debug_nan.train.loop import split_loss
+from debug_nan.train.task import split_loss
 
 
 class HFMonitor(FrameworkMonitor):
@@ -65,7 +65,8 @@ class HFMonitor(FrameworkMonitor):
         return bool(getattr(t, "model_accepts_loss_kwargs", False) and self.num_items is not None) or \
             getattr(t, "compute_loss_func", None) is not None
 
-    def compute_loss(self, batch, replay: bool = False):
+    # -- the StepDriver methods: the Trainer's step, for the replay -------------------------------------------
+    def replay_loss(self, batch):
         t = self.trainer
         self.model.train()
         inputs = t._prepare_inputs(batch)  # a new mapping, as in training_step: compute_loss may pop "labels"
@@ -74,12 +75,18 @@ class HFMonitor(FrameworkMonitor):
             loss = t.compute_loss(self.model, inputs, **extra)
         return split_loss(loss)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         if not self.loss_is_scaled_for_accumulation():
             loss = loss / self.step_micro_batches
-        self.trainer.accelerator.backward(loss)
+        if scaled:
+            self.trainer.accelerator.backward(loss)  # the fp16 scaler's scale(), as in training_step
+        else:
+            loss.backward()
 
-    def clip_and_step(self, grad_norms) -> None:
+    def optimizer_step(self) -> None:
+        """As the Trainer at the end of a step: unscale (fp16), clip at max_grad_norm, step."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         max_norm = self.trainer.args.max_grad_norm
         if max_norm and max_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -223,7 +230,7 @@ class DebugNaNCallback(TrainerCallback):
 
     def _conclude(self, error: BaseException | None = None, interrupted: bool = False, alone: bool = False) -> None:
         m, args = self.monitor, self.trainer.args
-        m.watch.close()
+        m.close()
         self.outputs.conclude(m, m.s, {
             "framework": "transformers", "version": transformers.__version__,
             "precision": "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",

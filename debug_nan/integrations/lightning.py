@@ -35,7 +35,7 @@ from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
-from debug_nan.train.loop import split_loss
+from debug_nan.train.task import split_loss
 
 PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
 
@@ -60,8 +60,8 @@ class LightningMonitor(FrameworkMonitor):
         finally:
             del self.module.log, self.module.log_dict
 
-    def compute_loss(self, batch, replay: bool = False):
-        self.module.train()
+    # -- the StepDriver methods: Lightning's step, for the replay ---------------------------------------------
+    def replay_loss(self, batch):
         args = (batch, self.batch_idx) if self.passes_batch_idx else (batch,)
         with self._quiet(), self.trainer.precision_plugin.train_step_context():
             out = self.module.training_step(*args)
@@ -69,12 +69,15 @@ class LightningMonitor(FrameworkMonitor):
             raise RuntimeError("training_step returned None in the replay of a micro-batch it trained on")
         return split_loss(out)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         loss = loss / self.trainer.accumulate_grad_batches
-        self.module.backward(self.scaler.scale(loss) if self.scaler is not None else loss)
+        self.module.backward(self.scaler.scale(loss) if scaled and self.scaler is not None else loss)
 
-    def clip_and_step(self, grad_norms) -> None:
+    def optimizer_step(self) -> None:
+        """As Lightning's precision plugin: unscale (fp16), clip (configure_gradient_clipping), step."""
         t = self.trainer
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if t.gradient_clip_val:
             self.module.configure_gradient_clipping(self.optimizer, gradient_clip_val=t.gradient_clip_val,
                                                     gradient_clip_algorithm=t.gradient_clip_algorithm)
@@ -188,7 +191,7 @@ class DebugNaNCallback(pl.Callback):
     def _conclude(self, trainer, error: BaseException | None = None, interrupted: bool = False,
                   alone: bool = False) -> None:
         m = self.monitor
-        m.watch.close()
+        m.close()
         rank = trainer.global_rank
         self.outputs.conclude(m, m.s, {
             "framework": "lightning", "version": pl.__version__, "precision": str(trainer.precision),

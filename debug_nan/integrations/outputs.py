@@ -14,7 +14,7 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.log import Log
 from debug_nan.report.summary import check_writable, report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
-from debug_nan.train.loop import RunResult
+from debug_nan.train.outcome import RunResult
 
 ON_TRIP = ("stop", "raise")
 
@@ -58,8 +58,13 @@ class Outputs:
         """The summary block and the JSON report, once per run (later calls return the first result)."""
         if self.result is not None:
             return self.result
+        optimizer = monitor.optimizer
         result = RunResult(status="clean", steps_run=monitor.steps_run, findings=list(monitor.findings),
-                           history=monitor.history, notes=list(monitor.notes), interrupted=interrupted)
+                           history=monitor.history, notes=list(monitor.notes), interrupted=interrupted,
+                           recipe={"optimizer": type(optimizer).__name__,
+                                   "lr": optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]),
+                                   "max_grad_norm": settings.max_grad_norm,
+                                   "from": {"optimizer": integration["framework"]}})
         result.finding = result.findings[0] if result.findings else None
         if result.finding is not None:
             result.status = "nonfinite"

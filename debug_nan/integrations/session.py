@@ -1,18 +1,18 @@
 """The Monitor split at the points a framework's hooks reach, with its accumulation and loss scaler.
 
     begin(batch, first)   before a micro-batch's forward (first: it opens an optimizer step -> snapshot)
-    end(loss, last)       after its backward: the one host sync, then trip or not
+    end(last)             after its backward: the one host sync, then trip or not
     stepped()             after the optimizer step: the parameters are checked at the next sync
-    finish()              after training: the last parameter check, the summary and the JSON report
+    finish()              after training: the last parameter check
 
-A framework adapter subclasses FrameworkMonitor and says how ITS step runs, for the replay: compute_loss(batch)
-(the framework's own loss code for one micro-batch), backward(loss) (its accumulation and loss scaling) and
-clip_and_step() (its clipping, then the optimizer). Everything else (watch, snapshots, replay, diagnosis,
-summary, report, bundle) is the CLI's own code.
+A framework adapter subclasses FrameworkMonitor and implements the StepDriver methods for ITS step, for the
+replay: replay_loss(batch) (the framework's own loss code for one micro-batch, on the bare module), backward(loss,
+scaled) (its accumulation scaling and loss scaler) and optimizer_step() (unscale, its clipping, the optimizer).
+Everything else (watch, snapshots, replay, diagnosis, summary, report, bundle) is the CLI's own code.
 
 On a trip the model is put back to the last finite state (the snapshot before the failing micro-batch, or before
 the update that made a parameter non-finite) with no gradients, so the optimizer step the framework may still
-take is a no-op and a checkpoint it may still save is finite.
+take changes nothing and a checkpoint it may still save is finite.
 """
 
 from __future__ import annotations
@@ -23,11 +23,15 @@ from contextlib import contextmanager
 import torch
 
 from debug_nan.api import Monitor
+from debug_nan.checks.driver import StepInputs, TaskFailure
+from debug_nan.checks.finding import Finding, explosion_finding
 from debug_nan.checks.history import History
-from debug_nan.checks.pinpoint import StepInputs, TaskFailure
-from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng
-from debug_nan.report.finding import Finding
+from debug_nan.checks.snapshot import capture_rng, restore_rng
+from debug_nan.checks.stats import capture_batch
+from debug_nan.integrations.ddp import decide_across_ranks
+from debug_nan.report.bundle import write_bundle
 from debug_nan.settings import RunSettings
+from debug_nan.train.distributed import average_gradients
 from debug_nan.train.loop import Trainer
 
 HISTORY_STEPS = 50  # steps kept for the report and the explosion check: a long run must not grow without bound
@@ -43,14 +47,12 @@ class FrameworkMonitor(Monitor):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
                  scaler=None, dist_ctx=None, bundle_dir: str | None = None):
-        # the base class without an optimizer allocates no snapshots; ours know the scaler too
-        super().__init__(model, None, None, log, settings.explosion_threshold, settings.explosion_growth)
-        self.optimizer = self.watch.optimizer = optimizer
+        super().__init__(model, None, optimizer, log)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self.snapshots = [Snapshot(model, optimizer, self.scaler, None) for _ in range(2)]
-        self.s, self.accum, self.dist, self.bundle_dir = settings, settings.gradient_accumulation_steps, dist_ctx, \
-            bundle_dir
-        self.watch.enabled = False  # on only inside a training micro-batch: not in validation, not in replays
+        for snapshot in self.snapshots:  # the base class's two snapshots, told about the framework's scaler
+            snapshot.scaler = self.scaler
+        self.s, self.dist, self.bundle_dir = settings, dist_ctx, bundle_dir
+        self.accumulation_steps = settings.gradient_accumulation_steps
         self.history = History()
         self.inputs: StepInputs | None = None
         self.micro = 0
@@ -61,19 +63,10 @@ class FrameworkMonitor(Monitor):
         self.stopped = False
         self.steps_run = 0
 
-    # -- what the framework's step is, for the replay (subclasses) ---------------------------------------------
-    def compute_loss(self, batch, replay: bool = False):
-        raise NotImplementedError
-
-    def backward(self, loss: torch.Tensor) -> None:
-        raise NotImplementedError
-
-    def clip_and_step(self, grad_norms) -> None:
-        raise NotImplementedError
-
-    def average_gradients(self):
-        """DDP, optimizer-phase replay: average the re-run's gradients over the ranks, as the framework did."""
-        return Trainer.average_gradients(self)  # the CLI's (it needs only .watch and .dist)
+    # -- StepDriver methods the framework adapter implements (replay_loss, backward, optimizer_step) -----------
+    def average_gradients(self) -> None:
+        if self.dist is not None:
+            average_gradients(self.watch.named_params, self.dist)
 
     # -- the micro-batch ---------------------------------------------------------------------------------------
     def begin(self, batch, first: bool, step: int | None = None) -> None:
@@ -82,15 +75,14 @@ class FrameworkMonitor(Monitor):
             return
         if first or self.inputs is None:
             self.steps = step if step is not None else self.steps + 1
-            snapshot = self.snapshots[self.steps % 2]
-            snapshot.save()
-            self.inputs = StepInputs(step=self.steps, batches=[], rng=[], snapshot=snapshot)
+            self.inputs = StepInputs(step=self.steps, batches=[], rng=[], snapshot=self.snapshots[self.steps % 2])
+            self.inputs.snapshot.save()
             self.rec = self.history.begin(self.steps)
             self.rec.lr = self.optimizer.param_groups[0]["lr"]
             del self.history.steps[:-HISTORY_STEPS]
             self.micro = 0
         self.micro += 1
-        self.inputs.batches.append(batch)
+        self.inputs.batches.append(capture_batch(batch, self.device))
         self.inputs.rng.append(capture_rng(self.device))
         self.watch.enabled = True
         self.watch.watch_batch(batch)
@@ -104,15 +96,13 @@ class FrameworkMonitor(Monitor):
         self.watch.watch_grads()
         self.watch.enabled = False
         local = self.dist if error is None else None  # an exception is never agreed on: see integrations.ddp
-        result = self.watch.sync(local, raised=error is not None)
+        result = self.watch.sync(local)
         self.history.add_micro(self.rec, result, last)
         if last:
             self.rec.finish()
             self.steps_run = self.steps
         bad = first_harm(result)
         if local is not None:
-            from debug_nan.integrations.ddp import decide_across_ranks
-
             return decide_across_ranks(self, result, bad, last)
         if bad is None and error is None:
             return self.check_explosion() if last else None
@@ -157,24 +147,39 @@ class FrameworkMonitor(Monitor):
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)
         if hit is None:
             return None
-        return self.stop(self.pinpointer.explosion(self.rec, hit[1], self.history.steps, self.micro),
-                         self.inputs.snapshot)
+        self.log(f"  [watch] TRIP at step {self.steps}: gradient norm {self.rec.grad_norm:.4g} (explosion)", "red")
+        return self.stop(explosion_finding(self.rec, hit[1], self.history.steps, self.micro,
+                                           self.s.explosion_threshold, self.model), self.inputs.snapshot)
 
     def trip(self, bad, error: BaseException | None) -> Finding | None:
-        """Pinpoint this micro-batch (or, for a parameter, the previous optimizer step) and stop."""
+        """Pinpoint this micro-batch (or, for a parameter, the previous optimizer step), write its bundle, stop."""
         try:
             if bad is not None and bad.kind == "param":
                 if self._previous is None:
                     return None
-                finding = self.pinpointer.pinpoint(self._previous, len(self._previous.batches), bad, None,
-                                                   optimizer=True)
-                return self.stop(finding, self._previous.snapshot)
-            finding = self.pinpointer.pinpoint(self.inputs, self.micro, bad, error)
+                inputs, micro, optimizer = self._previous, len(self._previous.batches), True
+                finding = self.pinpointer.pinpoint(inputs, micro, bad, None, optimizer=True)
+            else:
+                inputs, micro, optimizer = self.inputs, self.micro, False
+                finding = self.pinpointer.pinpoint(inputs, micro, bad, error)
         except TaskFailure as failure:
             self.error = str(failure)
-            self.stop(None, self.inputs.snapshot)
-            return None
-        return self.stop(finding, self.inputs.snapshot)
+            return self.stop(None, self.inputs.snapshot)
+        self.save_bundle(finding, inputs, micro, bad, optimizer)
+        return self.stop(finding, inputs.snapshot)
+
+    def save_bundle(self, finding: Finding, inputs: StepInputs, micro: int, check, optimizer: bool) -> None:
+        if finding is None or self.bundle_dir is None:
+            return
+        try:
+            # the CLI's repro_state: it needs only accumulation_steps, s and device from its driver
+            state = Trainer.repro_state(self, inputs, micro, finding, check, optimizer)
+            finding.bundle = str(write_bundle(self.bundle_dir, state))
+            self.log(f"  [bundle] repro bundle written: {finding.bundle}"
+                     + (f" (debug-nan replay {finding.bundle})" if self.s.task else ""))
+        except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
+            self.log(f"  [bundle] could not write the repro bundle to {self.bundle_dir}: "
+                     f"{type(exc).__name__}: {exc}", "yellow")
 
     def stop(self, finding: Finding | None, snapshot) -> Finding | None:
         """Leave the model at its last finite state with no gradients, and watch no more."""
@@ -183,8 +188,6 @@ class FrameworkMonitor(Monitor):
             self.steps_run = max(self.steps_run, finding.step)
         snapshot.restore()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            p.grad = None
         if self.scaler is not None and params:
             # a step the framework may still take goes through scaler.step, which needs a gradient to inspect:
             # one NaN makes it skip the update, as for any overflow
@@ -201,12 +204,10 @@ class FrameworkMonitor(Monitor):
             result = self.watch.sync(self.dist)
             bad = first_harm(result)
             if self.dist is not None:
-                from debug_nan.integrations.ddp import decide_across_ranks
-
                 finding = decide_across_ranks(self, result, bad, last=False)
             elif bad is not None:
                 finding = self.trip(bad, None)
-        self.watch.close()
+        self.close()
         self.stopped = True
         return finding
 
