@@ -154,17 +154,18 @@ def _values(config: str | None, flags: dict) -> dict:
     return values
 
 
-def _report_in_argv(args: list[str]) -> tuple[str | None, bool]:
-    """(--report's value, whether --report appeared at all) from raw arguments Click could not parse."""
-    report, seen = None, False
+def _report_in_argv(args: list[str]) -> tuple[str | None, int | None, bool]:
+    """(--report's value, its index in args, whether --report appeared at all) from raw arguments Click could not
+    parse."""
+    report, where, seen = None, None, False
     for k, arg in enumerate(args):
         if arg == "--report":
             seen = True
             if k + 1 < len(args) and not args[k + 1].startswith("-"):
-                report = args[k + 1]
+                report, where = args[k + 1], k + 1
         elif arg.startswith("--report="):
-            seen, report = True, arg.split("=", 1)[1] or None
-    return report, seen
+            seen, report, where = True, arg.split("=", 1)[1] or None, k
+    return report, where, seen
 
 
 def usage_error(exc: click.ClickException, args: list[str]) -> None:
@@ -176,10 +177,11 @@ def usage_error(exc: click.ClickException, args: list[str]) -> None:
         click.echo(f"Try '{ctx.command_path} -h' for help.", err=True)
     message = exc.format_message()
     click.echo(error_line(message), err=True)
-    report, seen = _report_in_argv(args)
+    report, where, seen = _report_in_argv(args)
     if report and _main_rank():
         config = next((args[k + 1] for k, a in enumerate(args[:-1]) if a == "--config"), None)
-        named = {f"argument {a}": a for a in args if a != report and not a.startswith("-") and os.path.lexists(a)}
+        named = {f"argument {a}": a for k, a in enumerate(args)
+                 if k != where and not a.startswith("-") and os.path.lexists(a)}
         write_error_report_safely(report, message, {**job_inputs(_values(config, {}), config), **named}, {})
     elif seen:
         click.echo("debug-nan: note: no error report written: the value of --report could not be read from the "
