@@ -258,3 +258,60 @@ def test_task_failing_on_one_rank_under_torchrun_goes_through_the_agreement(tmp_
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit_code"] == 2 and "rank 1 could not set up the run" in report["error"]
     assert "ValueError: rank 1 cannot open its shard" in report["error"]
+
+
+FAKE_PIP = r'''#!/usr/bin/env bash
+echo "pip $*" >> "$PIP_LOG"
+if [[ " $* " == *" --dry-run "* ]]; then
+    [[ "$FAKE_DEFAULT" == offline ]] && exit 1
+    report="${@: -2:1}"
+    for a in "$@"; do if [[ "$prev" == --report ]]; then report="$a"; fi; prev="$a"; done
+    if [[ "$FAKE_DEFAULT" == cuda ]]; then
+        printf '{"install": [{"metadata": {"name": "torch"}}, {"metadata": {"name": "nvidia-cublas-cu12"}}]}' > "$report"
+    else
+        printf '{"install": [{"metadata": {"name": "torch"}}]}' > "$report"
+    fi
+    exit 0
+fi
+if [[ " $* " == *" --index-url "* && "$FAKE_CPU_INDEX" == down ]]; then exit 1; fi
+exit 0
+'''
+
+
+@pytest.mark.parametrize("default, cpu_index, code, installs", [
+    ("cpu", "ok", 0, ["torch==2.13.0"]),  # this workplace: the default index has the local CPU build
+    ("cuda", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
+    ("offline", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
+    ("cuda", "down", 1, []),  # never the CUDA build on a machine without a GPU: stop and say how
+])
+def test_setup_script_never_installs_cuda_torch_without_a_gpu(tmp_path, default, cpu_index, code, installs):
+    import shutil
+    import subprocess
+
+    from tests.conftest import REPO
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("#!/bin/sh\nexit 1\n")  # a fresh venv: no torch
+    (tmp_path / "pip").write_text(FAKE_PIP)
+    for exe in (venv / "python", tmp_path / "pip"):
+        exe.chmod(0o755)
+    log = tmp_path / "pip.log"
+    env = dict(os.environ, DEBUG_NAN_GPU="0", DEBUG_NAN_PIP=str(tmp_path / "pip"), PIP_LOG=str(log),
+               FAKE_DEFAULT=default, FAKE_CPU_INDEX=cpu_index)
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("CONDA_PREFIX", None)
+    proc = subprocess.run(["bash", str(tmp_path / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    calls = log.read_text().splitlines()
+    torch_installs = [c.split("install ", 1)[1] for c in calls if "torch==" in c and "--dry-run" not in c]
+    expected = [i if "--index-url" in i else f"-q {i}" for i in installs]
+    if cpu_index == "down":  # tried the CPU index, which failed; nothing else
+        assert all("--index-url" in c for c in torch_installs) and "the default index would install the CUDA build" \
+            in proc.stderr
+    else:
+        assert torch_installs == expected
+    assert not any("nvidia" in c for c in calls)
