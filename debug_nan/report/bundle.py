@@ -3,7 +3,8 @@
 It holds what the Trainer's repro_state() gives (the model, optimizer, scaler and scheduler state and each
 module's training flag from just before the failing step, the step's micro-batches up to the failing one as
 produced, on the CPU, the RNG state before each, the settings) plus the task reference: a --task file's absolute
-path and text, so a replay works from another folder or machine. replay.py rebuilds the run from it.
+path and text, so a replay works from another folder or machine and runs the task as it was at the run (not as
+the file is now). replay.py rebuilds the run from it.
 """
 
 from __future__ import annotations
