@@ -1,19 +1,25 @@
 """The command line: `debug-nan [OPTIONS]` runs the job; `debug-nan replay BUNDLE` re-runs a saved finding.
 
-Exit codes: 0 clean, 1 non-finite found (or the task's code failed), 2 bad usage or bad input, 130 Ctrl-C.
+Exit codes: 0 clean, 1 non-finite found (or the task's code failed), 2 bad usage, bad input or an output that
+could not be written, 130 Ctrl-C, 143 SIGTERM (an interrupt wins over a finding made before it: the report then
+says status nonfinite, interrupted true). Every exit 2 leaves the error report where --report asked for one
+(Click's own usage errors included), unless that path is an input or could not be read from the command line.
 The only module that prints usage errors and ends the process: the library raises InputError and returns codes.
 Everything that imports torch is imported inside the commands, so --help and usage errors answer at once.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from debug_nan.errors import InputError
+from debug_nan.report import interrupts
 from debug_nan.report.log import error_line
-from debug_nan.settings import CHOICES, RunSettings, build_settings
+from debug_nan.report.outputs import OutputWriteError, check_output_paths, check_writable, job_inputs, job_outputs
+from debug_nan.settings import CHOICES, RunSettings, build_settings, load_config
 
 DEFAULTS = RunSettings()
 
@@ -62,6 +68,9 @@ RUN_OPTIONS = [
     _opt("--sample-layers", type=int, help="Transformer layers over the ASVs of a sample."),
     _opt("--encoder-layers", type=int, help="Encoder layers before pooling to a sample vector."),
     _opt("--dropout", type=float, help="Dropout."),
+    _opt("--ffn-mult", type=int, help="Feed-forward width as a multiple of --d-model."),
+    _opt("--nuc-weight", type=float, help="Weight of the nucleotide (masked-token) loss of the built-in pipeline."),
+    _opt("--unifrac-weight", type=float, help="Weight of the UniFrac distance loss of the built-in pipeline."),
     _opt("--asv-chunk-size", type=int, help="Encode ASVs in chunks of this many (checkpointed) to bound memory."),
     _opt("--task", type=str, help="Debug your own model: FILE.py:NAME or package.module:NAME."),
     _opt("--trace-every-step/--no-trace-every-step", help="Print the full layer-by-layer trace every step."),
@@ -85,23 +94,44 @@ def run_options(fn):
     return fn
 
 
-def fail(message: str, report: str | None = None) -> None:
-    """Print a one-paragraph error on stderr, leave an error report where --report asked for one (when its
-    folder is writable), and exit 2."""
+def fail(message: str, report: str | None = None, inputs: dict[str, str] | None = None,
+         outputs: dict[str, str] | None = None) -> None:
+    """Print a one-paragraph error on stderr, leave an error report where --report asked for one (unless that path
+    is an input or another output, or its folder is not writable), and exit 2."""
     click.echo(error_line(message), err=True)
     if report:
-        from debug_nan.report.summary import check_writable, write_error_report
+        write_error_report_safely(report, message, inputs or {}, outputs or {})
+    _exit(2)
+
+
+def write_error_report_safely(report: str, message: str, inputs: dict[str, str], outputs: dict[str, str]) -> None:
+    from debug_nan.report.summary import write_error_report
+
+    try:
+        check_output_paths({"--report": report}, {**inputs, **{k: v for k, v in outputs.items() if k != "--report"}})
+        check_writable(report, "--report")
+        write_error_report(report, message, 2)
+    except InputError as exc:  # OutputWriteError included
+        click.echo(f"debug-nan: note: no error report written: {exc}", err=True)
+
+
+def _exit(code: int) -> None:
+    """Exit; under torchrun every rank leaves together (rank 0 has written the report by now)."""
+    if "RANK" in os.environ:
+        from debug_nan.train import distributed
 
         try:
-            check_writable(report, "--report")
-            write_error_report(report, message, 2)
-        except (InputError, OSError):
+            if distributed.detect() is not None and distributed.dist.is_initialized():
+                distributed.leave_together(code)
+        except InputError:
             pass
-    sys.exit(2)
+    sys.exit(code)
 
 
 def _main_rank() -> bool:
     """Under torchrun only rank 0 writes the report (a malformed environment counts as a single process)."""
+    if "RANK" not in os.environ:
+        return True
     from debug_nan.train import distributed
 
     try:
@@ -111,7 +141,74 @@ def _main_rank() -> bool:
     return ctx is None or ctx.is_main
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"],
+def _values(config: str | None, flags: dict) -> dict:
+    """The settings as far as they can be read (the config file, then the flags), for the error report's path
+    and the inputs it must not overwrite when the settings themselves are the error."""
+    values = {}
+    if config:
+        try:
+            values.update(load_config(config))
+        except InputError:
+            pass
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return values
+
+
+def _report_in_argv(args: list[str]) -> tuple[str | None, int | None, bool]:
+    """(--report's value, its index in args, whether --report appeared at all) from raw arguments Click could not
+    parse."""
+    report, where, seen = None, None, False
+    for k, arg in enumerate(args):
+        if arg == "--report":
+            seen = True
+            if k + 1 < len(args) and not args[k + 1].startswith("-"):
+                report, where = args[k + 1], k + 1
+        elif arg.startswith("--report="):
+            seen, report, where = True, arg.split("=", 1)[1] or None, k
+    return report, where, seen
+
+
+def usage_error(exc: click.ClickException, args: list[str]) -> None:
+    """Click could not parse the command line: the usage, one error line, the error report, exit 2. Every path on
+    the command line counts as an input the report must not overwrite (the options were not parsed)."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        click.echo(ctx.get_usage(), err=True)
+        click.echo(f"Try '{ctx.command_path} -h' for help.", err=True)
+    message = exc.format_message()
+    click.echo(error_line(message), err=True)
+    report, where, seen = _report_in_argv(args)
+    if report and _main_rank():
+        config = next((args[k + 1] for k, a in enumerate(args[:-1]) if a == "--config"), None)
+        named = {f"argument {a}": a for k, a in enumerate(args)
+                 if k != where and not a.startswith("-") and os.path.lexists(a)}
+        write_error_report_safely(report, message, {**job_inputs(_values(config, {}), config), **named}, {})
+    elif seen:
+        click.echo("debug-nan: note: no error report written: the value of --report could not be read from the "
+                   "command line.", err=True)
+    _exit(2)
+
+
+class DebugNanGroup(click.Group):
+    """Click's group, with SIGTERM handled like Ctrl-C and Click's own usage errors turned into exit 2 with the
+    error report (Click's standalone mode would print them and exit without one)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        interrupts.install()
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            usage_error(exc, args)
+        except click.Abort:  # Ctrl-C (or SIGTERM) while Click parsed
+            click.echo("debug-nan: interrupted.", err=True)
+            sys.exit(interrupts.interrupt_code())
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=DebugNanGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"],
                                                            "max_content_width": 110})
 @run_options
 @click.pass_context
@@ -131,16 +228,19 @@ def main(ctx: click.Context, config, **flags):
     from debug_nan.runner import run_job
     from debug_nan.train import distributed
 
-    report = flags.get("report")
+    values = _values(config, flags)
     try:
         settings = build_settings(config, flags)
-        report = settings.report
-        code = run_job(settings)
+        values = settings.to_dict()
+        code = run_job(settings, config=config)
+    except OutputWriteError as exc:  # the run ended; its summary is printed and its other outputs written
+        click.echo(error_line(str(exc)), err=True)
+        _exit(2)
     except InputError as exc:
-        fail(str(exc), report if _main_rank() else None)
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which writes its own partial summary)
-        click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
-        sys.exit(130)
+        fail(str(exc), values.get("report") if _main_rank() else None, job_inputs(values, config), job_outputs(values))
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM outside the training loop (which writes its own summary)
+        click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        sys.exit(interrupts.interrupt_code(exc))
     if distributed.detect() is not None:
         distributed.leave_together(code)  # every rank leaves with its own code once all are done
     sys.exit(code)
@@ -157,11 +257,14 @@ def replay(bundle, device, report, log_path):
 
     try:
         code = run_replay(bundle, device, report, log_path)
+    except OutputWriteError as exc:
+        click.echo(error_line(str(exc)), err=True)
+        code = 2
     except InputError as exc:
-        fail(str(exc), report)
-    except KeyboardInterrupt:
-        click.echo("debug-nan: interrupted (Ctrl-C).", err=True)
-        code = 130
+        fail(str(exc), report, {"bundle": bundle}, {"--log": log_path} if log_path else {})
+    except KeyboardInterrupt as exc:
+        click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        code = interrupts.interrupt_code(exc)
     sys.exit(code)
 
 

@@ -1,6 +1,7 @@
 """`debug-nan replay BUNDLE`: the same finding again, from a repro bundle alone (and its --task file's text).
 
-Rebuilds the task (the built-in model from the bundle's settings, or the --task from its reference) around the
+Rebuilds the task (the built-in model from the bundle's settings, or the --task from the file's text stored in the
+bundle, run under the file's path; the log says when the file on disk differs) around the
 bundle's micro-batches, loads the state from just before the failing step, and replays the failing micro-batch
 (or optimizer step) under the op-level tracer.
 """
@@ -13,10 +14,12 @@ import debug_nan
 from debug_nan.checks.driver import StepInputs, TaskFailure
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.watch import Check
-from debug_nan.errors import InputError
-from debug_nan.report.bundle import read_bundle, same_origin, task_spec_for_replay
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.report.bundle import read_bundle, same_origin, task_file_state
+from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.log import Log
-from debug_nan.report.summary import EXIT_CODES, check_writable, report_dict, write_report, write_summary
+from debug_nan.report.outputs import OutputWriteError, check_output_paths, check_writable, task_file
+from debug_nan.report.summary import exit_code, report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
 from debug_nan.train.aam_task import build_aam_model_task
 from debug_nan.train.device import resolve_device
@@ -25,58 +28,98 @@ from debug_nan.train.outcome import RunResult
 from debug_nan.train.task import load_task
 
 
-def replay_bundle(path: str, device_spec: str, log) -> tuple[Finding | None, dict, Trainer]:
-    """Rebuild the task and state from a bundle and replay its micro-batch -> (finding, bundle, trainer)."""
-    b = read_bundle(path)
+def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:
+    """Rebuild the task and state from a read bundle `b` and replay its micro-batch -> (finding, trainer, notes).
+    A --task file runs from the text stored in the bundle (the run as it was), whatever the file on disk is now."""
     settings = RunSettings(**{**b["settings"], "device": device_spec, "report": None, "log": None})
     device = resolve_device(settings.device, log)
+    notes = []
     if b["task"]:
-        task = load_task(task_spec_for_replay(b), settings)
+        state = task_file_state(b)
+        if state:
+            log(f"  task {b['task']}: {state}", "yellow" if "DIFFERS" in state else None)
+            notes.append(state[0].upper() + state[1:])
+        task = load_task(b["task"], settings, source=b.get("task_source"))
         task.batches = b["batches"]
     else:
         task = build_aam_model_task(settings, b["batches"])
     trainer = Trainer(task, settings, log, device)
     snapshot = trainer.snapshots[0]
-    snapshot.load_state_dicts(b)
+    try:
+        snapshot.load_state_dicts(b)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise InputError(f"Bundle {path}: its saved state does not fit the model the task builds now "
+                         f"({describe_exception(exc)}).") from None
     inputs = StepInputs(step=b["step"], batches=b["batches"], rng=b["rng"], snapshot=snapshot)
     check = Check(**b["check"]) if b["check"] else None
-    log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b['device']} "
-        f"(torch {b['torch']}) on {device}.")
+    log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b.get('device')} "
+        f"(torch {b.get('torch')}) on {device}.")
     try:
         finding = trainer.pinpointer.pinpoint(inputs, b["micro"], check, None, optimizer=b["optimizer_phase"])
     except TaskFailure as failure:
         log(f"The replay raised: {failure}")
         finding = None
-    return finding, b, trainer
+    return finding, trainer, notes
+
+
+def check_replay_outputs(bundle: str, report: str | None, log_path: str | None, data: dict | None) -> None:
+    """No output over the bundle, its task file, or the other output; the report's folder writable."""
+    inputs = {"bundle": bundle}
+    task = task_file(data.get("task")) if data else None
+    if task:
+        inputs["bundle's --task file"] = task
+    check_output_paths({"--report": report, "--log": log_path}, inputs)
+    check_writable(report, "--report")
 
 
 def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str | None) -> int:
-    """Replay, summary, JSON report -> the exit code. Bad input raises InputError (the cli exits 2)."""
+    """Replay, summary, JSON report -> the exit code. Bad input (and any failure of the replay itself) raises
+    InputError (the cli exits 2 with the error report); an interrupt still writes the summary and the report."""
     started = time.perf_counter()
-    check_writable(report, "--report")
+    check_replay_outputs(bundle, report, log_path, None)
+    data = read_bundle(bundle)
+    check_replay_outputs(bundle, report, log_path, data)
     log = Log(log_path)
+    trainer, notes = None, []
     try:
         log.rule(f"debug-nan {debug_nan.__version__} replay {bundle}")
-        finding, data, trainer = replay_bundle(bundle, device_spec, log)
-    except InputError as exc:
-        log.record_error(str(exc))
+        finding, trainer, notes = replay_bundle(data, bundle, device_spec, log)
+        result = RunResult(status="nonfinite" if finding else "clean", steps_run=0, finding=finding,
+                           findings=[finding] if finding else [], notes=notes)
+    except KeyboardInterrupt as exc:
+        log(f"Interrupted ({interrupt_name(exc)}) during the replay.", "yellow")
+        result = RunResult(status="clean", steps_run=0, interrupted=True, exit_code=interrupt_code(exc), notes=notes)
+        finding = None
+    except Exception as exc:  # noqa: BLE001 - every failure of a replay is an exit 2 with its report
+        message = str(exc) if isinstance(exc, InputError) else \
+            f"Replaying bundle {bundle} failed: {describe_exception(exc)}."
+        log.record_error(message)
         log.close()
-        raise
-    result = RunResult(status="nonfinite" if finding else "clean", steps_run=0, finding=finding,
-                       findings=[finding] if finding else [])
+        raise InputError(message) from None
     if finding is not None:
         recorded = data["finding"]
         result.notes.append("Same origin as recorded in the bundle." if same_origin(recorded, finding) else
                             f"The recorded origin was {recorded['module']} {recorded['op']} ({recorded['cause']}); "
                             f"the replay differs (non-determinism or another device).")
-    else:
+    elif not result.interrupted:
         result.notes.append("The replay did not reproduce a non-finite value.")
-    result.recipe = trainer.recipe.describe()
-    write_summary(log, result, time.perf_counter() - started)
+    if trainer is not None:
+        result.recipe = trainer.recipe.describe()
+    elapsed = time.perf_counter() - started
+    failure = None
     if report:
         settings = RunSettings(**{**data["settings"], "device": device_spec})
-        write_report(report, {**report_dict(result, settings, trainer.device, time.perf_counter() - started),
-                              "replay_of": bundle})
+        device = trainer.device if trainer is not None else None
+        try:
+            write_report(report, {**report_dict(result, settings, device, elapsed), "replay_of": bundle})
+        except OutputWriteError as exc:
+            failure = exc
+            result.notes.append(f"{exc} (exit 2)")
+            result.exit_code = 2
+    write_summary(log, result, elapsed, interrupt_name())
+    if report and failure is None:
         log(f"JSON report written to {report}")
     log.close()
-    return EXIT_CODES[result.status]
+    if failure is not None:
+        raise failure
+    return exit_code(result)

@@ -7,6 +7,7 @@ writes the error report and exits 2.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -17,12 +18,16 @@ import torch
 
 import debug_nan
 from debug_nan.checks.driver import is_out_of_memory
+from debug_nan.data.tokens import ASV_LEN
 from debug_nan.errors import InputError
 from debug_nan.report.bundle import write_bundle
 from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
 from debug_nan.report.log import Log
 from debug_nan.report.step_line import StepLines
-from debug_nan.report.summary import EXIT_CODES, check_writable, report_dict, write_report, write_summary
+from debug_nan.report.interrupts import interrupt_code, interrupt_name
+from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
+                                        job_outputs)
+from debug_nan.report.summary import exit_code, report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
 from debug_nan.train import distributed
 from debug_nan.train.aam_task import build_aam_task
@@ -41,8 +46,40 @@ def header(log: Log, s: RunSettings, device: torch.device) -> None:
         f"micro-batch(es){data} | precision {s.precision} | seed {s.seed}")
 
 
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def _bytes(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+) ?(\w+)", text.strip())
+    return float(m.group(1)) * UNITS[m.group(2)] if m and m.group(2) in UNITS else None
+
+
+def _size(n: float) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if n >= UNITS[unit]:
+            return f"{n / UNITS[unit]:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def builtin_model_sizes(s: RunSettings) -> list[tuple[str, float, str]]:
+    """(what, bytes per layer, how to shrink it) for the built-in model's largest activations at these settings."""
+    item = 2 if s.precision in ("bf16", "fp16") else 4
+    b, a, h, d, n = s.batch_size, s.token_limit, s.heads, s.d_model, ASV_LEN
+    rows = b * a if not s.asv_chunk_size else min(s.asv_chunk_size, b * a)
+    encoder = f"batch {b} x token limit {a}" if not s.asv_chunk_size else f"--asv-chunk-size {s.asv_chunk_size}"
+    return [
+        (f"ASV encoder attention scores [{encoder} ASVs x {h} heads x {n} x {n}]", rows * h * n * n * item,
+         "--asv-chunk-size bounds it" if not s.asv_chunk_size else "a smaller --asv-chunk-size shrinks it"),
+        (f"ASV encoder activations [{encoder} ASVs x {n} x d_model {d}]", rows * n * d * item,
+         "--asv-chunk-size bounds it" if not s.asv_chunk_size else "a smaller --asv-chunk-size shrinks it"),
+        (f"sample-level attention scores [batch {b} x {h} heads x token limit {a} x {a}]", b * h * a * a * item,
+         "it grows with the square of --token-limit; --asv-chunk-size does not change it"),
+    ]
+
+
 def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None) -> str:
-    """What failed (the allocation's size), the peak so far, and which option to lower."""
+    """What failed (the allocation's size), the peak so far, the sizes of the model's largest activations at these
+    settings (the built-in model), and which option lowers which."""
     text = str(exc)
     size = re.search(r"(?:Tried to allocate|you tried to allocate) ([\d.]+ ?\w+)", text)
     failed = f"an allocation of {size.group(1)} failed" if size else (text.splitlines()[0] if text else "out of memory")
@@ -53,29 +90,58 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
     else:
         where = f"The CPU ran out of memory: {failed}."
     if s.task:
-        advice = "lower the batch size or sequence length your task uses"
-    else:
-        advice = (f"the ASV encoder holds [batch x token limit x 151 x d_model] activations: lower --batch-size "
-                  f"(now {s.batch_size}) or --token-limit (now {s.token_limit}), or bound the encoder with "
-                  f"--asv-chunk-size (now {s.asv_chunk_size or 'off'}, e.g. 512)")
-    return f"{where} To fit, {advice}."
+        return f"{where} To fit, lower the batch size or sequence length your task uses."
+    sizes = builtin_model_sizes(s)
+    listed = "; ".join(f"{what} = {_size(n)} per layer ({how})" for what, n, how in sizes)
+    wanted = _bytes(size.group(1)) if size else None
+    match = ""
+    if wanted:
+        what, n, _ = min(sizes, key=lambda row: abs(math.log(max(row[1], 1) / wanted)))
+        if 0.5 <= n / wanted <= 2:
+            match = f" The failed allocation is the size of the {what.split(' [')[0]}."
+    lower = [f"--token-limit (now {s.token_limit})"]
+    if s.batch_size > 2:
+        lower.append(f"--batch-size (now {s.batch_size}; 2 is the smallest, UniFrac needs pairs)")
+    advice = (f"lower {' or '.join(lower)}" + ("" if s.asv_chunk_size else ", or bound the ASV encoder with "
+                                               "--asv-chunk-size (e.g. 512)"))
+    if s.batch_size <= 2 and s.asv_chunk_size:
+        advice += f" or a smaller --asv-chunk-size (now {s.asv_chunk_size})"
+    return f"{where} At these settings the built-in model holds: {listed}.{match} To fit, {advice}."
 
 
-def run_job(s: RunSettings, stream=None) -> int:
-    """Run the job and return the process exit code (InputError: bad usage or input, for the cli)."""
+def output_folder(s: RunSettings) -> str:
+    """Where a finding's repro bundle goes: --bundle-dir, else the report's folder, else the current folder."""
+    return s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
+
+
+def rank_log_path(s: RunSettings, rank: int) -> str:
+    return str((Path(s.report).parent if s.report else Path(".")) / f"debug-nan-rank{rank}.log")
+
+
+def check_outputs(s: RunSettings, config: str | None, ctx) -> None:
+    """Before anything is opened for writing: no output is an input or another output; each can be written."""
+    outputs = job_outputs(s.to_dict())
+    if ctx is not None:
+        outputs.update({f"rank {r}'s log": rank_log_path(s, r) for r in range(1, ctx.world)})
+    check_output_paths(outputs, job_inputs(s.to_dict(), config), output_folder(s) if s.bundle else None)
+    check_writable(s.report, "--report")
+    check_writable(s.plot, "--plot")
+    check_plot_available(s.plot)
+
+
+def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
+    """Run the job and return the process exit code (InputError: bad usage or input, for the cli; OutputWriteError:
+    the run ended but an output could not be written). `config`: the --config file, an input never written."""
     started = time.perf_counter()
     log = device = trainer = None
     ctx = distributed.detect()
     main_rank = ctx is None or ctx.is_main
     try:
         if main_rank:
-            check_writable(s.report, "--report")
-            check_writable(s.plot, "--plot")
-            check_plot_available(s.plot)
+            check_outputs(s, config, ctx)
             log = Log(s.log, stream=stream)
         else:  # other ranks: a per-rank log beside the report (or in the current folder), nothing on stdout
-            folder = Path(s.report).parent if s.report else Path(".")
-            log = Log(str(folder / f"debug-nan-rank{ctx.rank}.log"), stream=open(os.devnull, "w"))
+            log = Log(rank_log_path(s, ctx.rank), stream=open(os.devnull, "w"))
         try:
             device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
             trainer = build_trainer(s, log, device, ctx)
@@ -89,50 +155,85 @@ def run_job(s: RunSettings, stream=None) -> int:
             log.record_error(str(exc))
             log.close()
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if log is None:
-            return 130
-        log("Interrupted (Ctrl-C) before training started.", "yellow")
+            return interrupt_code(exc)
+        log(f"Interrupted ({interrupt_name(exc)}) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
+    if result.interrupted and result.exit_code is None:
+        result.exit_code = interrupt_code()
     elapsed = time.perf_counter() - started
-    code = result.exit_code or (130 if result.interrupted else EXIT_CODES[result.status])
     if main_rank:
-        write_outputs(log, result, s, trainer, device, elapsed)
-    else:
-        write_summary(log, result, elapsed)
-        log.close()
-    return code
+        return write_outputs(log, result, s, trainer, device, elapsed)
+    write_summary(log, result, elapsed, interrupt_name())
+    log.close()
+    return exit_code(result)
 
 
 def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Trainer:
-    """The header, the task (--task, or the built-in pipeline), and the Trainer with its step lines and bundles."""
+    """The header, the task (--task, or the built-in pipeline), and the Trainer with its step lines and bundles.
+    Under torchrun every rank learns whether any rank failed to build the task before DDP's first collective."""
     header(log, s, device)
     if ctx:
         log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), DistributedDataParallel, "
             f"{'NCCL' if device.type == 'cuda' else 'gloo'}; rank 0 writes the log and the report")
-    task = load_task(s.task, s) if s.task else build_aam_task(s, log)
+    failure = None
+    try:
+        task = load_task(s.task, s) if s.task else build_aam_task(s, log)
+    except (InputError, KeyboardInterrupt) as exc:
+        if ctx is None:
+            raise
+        failure = exc
+    if ctx is not None:
+        distributed.agree_on_setup(ctx, device, failure)  # raises on every rank when any rank failed
     trainer = Trainer(task, s, log, device, ctx)
     log(f"  {trainer.recipe.line()}")
     trainer.observer = StepLines(log, s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
     if s.bundle:
-        folder = s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
+        folder = output_folder(s)
         trainer.save_repro = lambda state: str(write_bundle(folder, state))
     return trainer
 
 
-def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> None:
-    """The history table (and plot), the summary (the last block of the log) and the JSON report."""
+def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
+    """The history table, the JSON report, then the plot (a failure to write one never loses the other), then the
+    summary with the real exit code (the last block of the log). Returns the exit code; raises OutputWriteError
+    (exit 2) after the summary when an output could not be written."""
     if result.history.steps:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
         for line in history_lines(result.history, trainer.model):
             log(line)
-        if s.plot:
-            plot_history(result.history, trainer.model, s.plot)
-            log(f"  heat map written to {s.plot}")
-    write_summary(log, result, elapsed)
-    data = report_dict(result, s, device, elapsed)
+    if log.copy_failure:
+        result.notes.append(log.copy_failure)
+    if log.stdout_closed:
+        result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
+    failures, written = [], []
     if s.report:
-        write_report(s.report, data)
-        log(f"JSON report written to {s.report}")
+        try:
+            write_report(s.report, report_dict(result, s, device, elapsed))
+            written.append(f"JSON report written to {s.report}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if s.plot and result.history.steps:
+        try:
+            plot_history(result.history, trainer.model, s.plot)
+            written.append(f"heat map written to {s.plot}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if failures:
+        result.notes.append(f"The run itself ended with exit {exit_code(result)}; exit 2 because an output could not "
+                            f"be written: {' '.join(failures)}")
+        result.exit_code = 2
+        if written and s.report and written[0].startswith("JSON"):  # the report says the real exit code too
+            try:
+                write_report(s.report, report_dict(result, s, device, elapsed))
+            except OutputWriteError:
+                pass
+    write_summary(log, result, elapsed, interrupt_name())
+    for line in written:
+        log(line)
     log.close()
+    if failures:
+        raise OutputWriteError(" ".join(failures))
+    return exit_code(result)

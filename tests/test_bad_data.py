@@ -291,9 +291,14 @@ CASES = [
     Case("empty-samples-dropped", with_counts(lambda c: np.where(np.isin(np.arange(24), [0, 5])[:, None], 0, c)),
          (*DATA_DIR, *ONE_SMALL_STEP), 0,
          "NOTICE: 2 of 24 samples of {d}/table.biom have no reads and were dropped: 'S1', 'S6'"),
-    # Click refuses these before the job starts; it writes no --report yet (the lead's part of issue 10)
-    Case("table-flag-is-a-directory", table_is_dir, ("--table", "{d}/table.biom"), 2, "is a directory",
-         marks=[pytest.mark.xfail(strict=True, reason="Click usage errors write no --report yet")]),
+    # Click refuses these before the job starts; the cli still writes the error report
+    Case("table-flag-is-a-directory", table_is_dir, ("--table", "{d}/table.biom"), 2, "is a directory"),
+    Case("click-bad-integer", nothing, ("--token-limit", "many"), 2, "'many' is not a valid integer"),
+    # an output over an input: refused before anything is written (the report goes to the run_cli's own path)
+    Case("log-over-the-table", good, (*DATA_DIR, "--log", "{d}/table.biom"), 2,
+         "--log {d}/table.biom is the same file as the --data-dir file table.biom"),
+    Case("plot-over-the-tree", good, ("--table", "{d}/table.biom", "--tree", "{d}/tree.nwk", "--plot", "{d}/tree.nwk"),
+         2, "--plot {d}/tree.nwk is the same file as the --tree {d}/tree.nwk"),
 ]
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from debug_nan.checks.history import History
 from debug_nan.errors import InputError
+from debug_nan.report.outputs import atomic_write
 
 BARS = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 60
@@ -122,5 +123,7 @@ def plot_history(history: History, model: nn.Module, path: str) -> None:
         fig.colorbar(image, ax=ax, fraction=0.05)
     axes[0].set_yticks(range(len(labels)), labels, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # atomic: a failed write leaves no half PNG (OutputWriteError names --plot and why)
+        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=110), "--plot")
+    finally:
+        plt.close(fig)

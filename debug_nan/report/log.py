@@ -1,6 +1,8 @@
 """The text log: stdout, line-buffered and tee-friendly, plus an optional copy (--log PATH).
 
-Colour only on a TTY and never when NO_COLOR is set; progress bars go to stderr elsewhere.
+Colour only on a TTY and never when NO_COLOR is set; progress bars go to stderr elsewhere. The log never stops a
+run: when stdout closes (`| head`) the rest goes to /dev/null (the copy and the report still get everything), and
+when the copy cannot be written (disk full, /dev/full) that is said once on stderr and the copy stops.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class Log:
         self.colour = (hasattr(self.stream, "isatty") and self.stream.isatty() and "NO_COLOR" not in os.environ
                        and os.environ.get("TERM") != "dumb")
         self.copy = None
+        self.copy_path = copy_path
+        self.copy_failure: str | None = None  # why the --log copy stopped, for the report's notes
+        self.stdout_closed = False  # stdout's reader went away (`| head`)
         if copy_path:
             path = Path(copy_path)
             try:
@@ -37,20 +42,58 @@ class Log:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
 
     def __call__(self, line: str = "", colour: str | None = None) -> None:
-        self.stream.write((self.paint(line, colour) if colour else line) + "\n")
-        self.stream.flush()
-        if self.copy:
+        try:
+            self.stream.write((self.paint(line, colour) if colour else line) + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            self._stream_closed()
+        self._copy_line(line)
+
+    def _stream_closed(self) -> None:
+        """The reader of stdout went away: go on quietly, the rest to /dev/null (also what Python flushes at
+        exit, which would otherwise print a BrokenPipeError)."""
+        self.stdout_closed = True
+        devnull = open(os.devnull, "w")
+        try:
+            if self.stream is sys.stdout or self.stream is sys.__stdout__:
+                os.dup2(devnull.fileno(), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        self.stream = devnull
+
+    def _copy_line(self, line: str) -> None:
+        if not self.copy:
+            return
+        try:
             self.copy.write(line + "\n")
+        except OSError as exc:
+            self._copy_failed(exc)
+
+    def _copy_failed(self, exc: OSError) -> None:
+        """Say once that the --log copy stopped; the run goes on (stdout and the report have everything)."""
+        self.copy_failure = (f"--log {self.copy_path}: writing the log copy failed ({exc.strerror or exc}); "
+                             f"the copy stops there, the run went on.")
+        try:
+            sys.stderr.write(f"debug-nan: warning: {self.copy_failure}\n")
+        except OSError:
+            pass
+        try:
+            self.copy.close()
+        except OSError:
+            pass
+        self.copy = None
 
     def rule(self, title: str = "", char: str = "=") -> None:
         self(f"{char * 3} {title} {char * max(3, 76 - len(title))}" if title else char * 80)
 
     def record_error(self, message: str) -> None:
         """The run stops on bad input: its one-paragraph error goes into the log copy (the cli prints it)."""
-        if self.copy:
-            self.copy.write(error_line(message) + "\n")
+        self._copy_line(error_line(message))
 
     def close(self) -> None:
         if self.copy:
-            self.copy.close()
+            try:
+                self.copy.close()
+            except OSError as exc:
+                self._copy_failed(exc)
             self.copy = None

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import textwrap
-from pathlib import Path
 
 import torch
 
 import debug_nan
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.stats import TensorStats
-from debug_nan.errors import InputError
+from debug_nan.report.outputs import write_text_atomic
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
@@ -61,12 +59,20 @@ def finding_lines(f: Finding) -> list[str]:
     return lines
 
 
-def write_summary(log, result, elapsed: float) -> None:
+def exit_code(result) -> int:
+    """The process exit code of a result: an explicit one (an interrupt: 130 or 143; an abort under DDP; an output
+    that could not be written: 2), else the status's."""
+    if result.exit_code is not None:
+        return result.exit_code
+    return 130 if result.interrupted else EXIT_CODES[result.status]
+
+
+def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C") -> None:
     log()
     log.rule("SUMMARY")
-    code = EXIT_CODES[result.status]
+    code = exit_code(result)
     if result.interrupted:
-        log(f"  interrupted after {result.steps_run} step(s) (Ctrl-C); what ran until then:")
+        log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}, exit {code}); what ran until then:")
     if result.status == "clean":
         log(f"  status       CLEAN: {result.steps_run} step(s) ran, every module output, loss, gradient and "
             f"parameter stayed finite ({elapsed:.1f} s).", "green")
@@ -99,7 +105,7 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "findings": [f.to_dict() for f in result.findings],
         "error": result.error,
         "interrupted": result.interrupted,
-        "exit_code": result.exit_code or (EXIT_CODES[result.status] if not result.interrupted else 130),
+        "exit_code": exit_code(result),
         "elapsed_s": round(elapsed, 3),
         "device": str(device) if device is not None else None,
         "torch": torch.__version__,
@@ -109,22 +115,6 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "notes": result.notes,
         "recipe": result.recipe,
     }
-
-
-def check_writable(path: str | None, option: str) -> None:
-    """Fail early (exit 2) when an output path cannot be written, before any training time is spent."""
-    if not path:
-        return
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise InputError(f"{option} {p} is a directory; give a file path.")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".debug-nan-probe-"):
-            pass  # probe the folder; an existing file at the path itself is left as it is
-    except OSError as exc:
-        raise InputError(f"{option} {p}: cannot write there ({exc.strerror or exc}).") from None
 
 
 def _json_safe(obj):
@@ -141,14 +131,8 @@ def _json_safe(obj):
 
 
 def write_report(path: str, data: dict) -> None:
-    """Strict JSON, written atomically: a reader never sees half a report."""
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
-    try:
-        partial.write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+    """Strict JSON, written atomically: a reader never sees half a report (OutputWriteError when it fails)."""
+    write_text_atomic(path, json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n", "--report")
 
 
 def write_error_report(path: str, message: str, exit_code: int) -> None:

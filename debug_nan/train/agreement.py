@@ -33,7 +33,9 @@ class RunAborted(Exception):
 
     @staticmethod
     def describe(exc: BaseException | None) -> tuple[str, int]:
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt):  # report/interrupts.py raises KeyboardInterrupt("SIGTERM")
+            if exc.args[:1] == ("SIGTERM",):
+                return "interrupted (SIGTERM)", 143
             return "interrupted (Ctrl-C)", 130
         if isinstance(exc, InputError):
             return str(exc), 2
@@ -87,7 +89,11 @@ class RankAgreement:
         except TaskFailure as failure:
             outcome = failure
         except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
-            outcome = RunAborted(f"rank {src} failed while pinpointing: {describe_exception(exc)}", 1)
+            if isinstance(exc, KeyboardInterrupt):
+                reason, code = RunAborted.describe(exc)
+                outcome = RunAborted(f"rank {src} was {reason} while pinpointing", code)
+            else:
+                outcome = RunAborted(f"rank {src} failed while pinpointing: {describe_exception(exc)}", 1)
         outcome = broadcast(outcome if self.ctx.rank == src else None, src)
         if isinstance(outcome, (TaskFailure, RunAborted)):
             raise outcome

@@ -73,6 +73,24 @@ def agree(local_code: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return codes
 
 
+def agree_on_setup(ctx: DistContext, device: torch.device, failure: BaseException | None) -> None:
+    """Every rank calls this after building its task, before DDP's first collective: when any rank failed (bad
+    input, Ctrl-C / SIGTERM), every rank raises the same InputError naming the first failing rank and its message,
+    so rank 0 writes the error report instead of being killed by torchrun while it waits."""
+    failed = agree(torch.tensor(1.0 if failure is not None else 0.0, device=device), ctx).tolist()
+    if max(failed) == 0.0:
+        return
+    src = failed.index(max(failed))
+    message = broadcast(_setup_message(failure) if ctx.rank == src else None, src)
+    raise InputError(f"rank {src} could not set up the run: {message}")
+
+
+def _setup_message(failure: BaseException | None) -> str:
+    if isinstance(failure, KeyboardInterrupt):
+        return f"interrupted ({failure.args[0] if failure.args else 'Ctrl-C'}) while building the task"
+    return str(failure)
+
+
 def allreduce_mean(tensors: list[torch.Tensor], ctx: DistContext) -> None:
     """Average tensors over the ranks in place: one flat all-reduce per dtype."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
-from debug_nan.checks.finding import Finding, explosion_finding
+from debug_nan.checks.finding import Finding, explosion_finding, watch_only_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
 from debug_nan.checks.snapshot import Snapshot, capture_rng
@@ -37,6 +37,10 @@ from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepOb
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
 from debug_nan.train.task import Task, eager_module, micro_batches, split_loss
+
+
+class InterruptedPinpoint(KeyboardInterrupt):
+    """An interrupt during the pinpoint replay, carrying the watch-only finding of the trip that started it."""
 
 
 class Trainer:
@@ -162,14 +166,16 @@ class Trainer:
                                                    rank_codes=final.rank_codes, previous=previous))
                 if finding is not None:
                     result.findings.append(finding)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (report/interrupts.py raises KeyboardInterrupt)
             result.interrupted = True
-            self.log("Interrupted (Ctrl-C): writing the partial summary.", "yellow")
+            if isinstance(exc, InterruptedPinpoint):  # the trip the watch saw stands, without the op
+                result.findings.append(exc.finding)
+            self.log(f"Interrupted ({exc.args[0] if exc.args else 'Ctrl-C'}): writing the partial summary.", "yellow")
         except TaskFailure as failure:
             result.error = str(failure)
         except RunAborted as abort:
             result.error, result.exit_code = str(abort), abort.exit_code
-            result.interrupted = abort.exit_code == 130
+            result.interrupted = abort.exit_code in (130, 143)
         finally:
             bar.close()
         result.finding = result.findings[0] if result.findings else None
@@ -303,7 +309,12 @@ class Trainer:
             finding = self.pinpointer.pinpoint(inputs, micro, o.check, None, optimizer=True, trace=trace)
         else:
             inputs, micro, optimizer = o.inputs, o.micro, False
-            finding = self.pinpointer.pinpoint(inputs, micro, o.check, o.error)
+            try:
+                finding = self.pinpointer.pinpoint(inputs, micro, o.check, o.error)
+            except KeyboardInterrupt as exc:
+                if o.check is None:
+                    raise
+                raise self.interrupted_pinpoint(exc, inputs, micro, o.check) from None
         if finding is not None and self.save_repro is not None:
             try:
                 finding.bundle = self.save_repro(self.repro_state(inputs, micro, finding, o.check, optimizer))
@@ -311,6 +322,15 @@ class Trainer:
             except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
                 self.log(f"  [bundle] could not write the repro bundle: {type(exc).__name__}: {exc}", "yellow")
         return finding
+
+    def interrupted_pinpoint(self, exc: KeyboardInterrupt, inputs: StepInputs, micro: int, check):
+        """Ctrl-C / SIGTERM during the replay: the watch's trip stays a finding (watch-only, with a note)."""
+        what = exc.args[0] if exc.args else "Ctrl-C"
+        interrupt = InterruptedPinpoint(*exc.args)
+        interrupt.finding = watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.model,
+                                               why=f"the op-level replay was interrupted ({what}) before it named "
+                                                   f"the op.")
+        return interrupt
 
     def check_explosion(self, record: StepRecord) -> Finding | None:
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)

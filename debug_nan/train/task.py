@@ -18,10 +18,13 @@ replaces the task's own. The model is put in training mode once before the first
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
+import linecache
 import math
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -29,6 +32,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from debug_nan.errors import InputError, describe_exception
+from debug_nan.frames import short_path, user_frame_of_traceback
 
 
 @dataclass
@@ -77,7 +81,7 @@ def micro_batches(task: Task, dist_ctx=None):
     dealt = 0
     while True:
         produced = 0
-        for batch in task.batches:
+        for batch in _guarded(task, dealt):
             produced += 1
             if not shard or dealt % dist_ctx.world == dist_ctx.rank:
                 yield batch
@@ -90,7 +94,75 @@ def micro_batches(task: Task, dist_ctx=None):
             raise InputError(f"The task's `batches` ({task.name}) yielded no micro-batch.")
 
 
-def _import_target(spec: str):
+def _guarded(task: Task, dealt: int):
+    """One pass over task.batches; an exception raised by the task's own iterator (or a sys.exit in it) is bad
+    input naming the micro-batch, not a bare IndexError from deep inside the loop."""
+    try:
+        iterator = iter(task.batches)
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise InputError(f"The task's `batches` ({task.name}): iter() raised {describe_exception(exc)}.") from None
+    produced = 0
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code
+            raise InputError(f"The task's `batches` ({task.name}) raised {_describe(exc)} while producing "
+                             f"micro-batch {dealt + produced + 1} (counted over every pass): fix the task's data "
+                             f"pipeline.") from None
+        produced += 1
+        yield batch
+
+
+def _describe(exc: BaseException) -> str:
+    """describe_exception, with a sys.exit named as such and without importlib's frozen frames (a SyntaxError
+    names the file and line of the bad code)."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (sys.exit({exc.code!r}))" + _where(exc)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        code = f": {exc.text.strip()}" if exc.text and exc.text.strip() else ""
+        return f"SyntaxError: {exc.msg} (at {short_path(exc.filename)}:{exc.lineno}{code})"
+    return f"{type(exc).__name__}: {exc}" + _where(exc)
+
+
+def _where(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    frame = user_frame_of_traceback(frames)
+    return f" (at {short_path(frame.filename)}:{frame.lineno})" if frame is not None else ""
+
+
+def _no_exit(fn: Callable, what: str) -> Callable:
+    """The task's callable, with a sys.exit() inside it turned into an error of the task's code (the run goes on
+    to its summary and report instead of the process ending with the task's code)."""
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as exc:
+            raise RuntimeError(f"the task's {what} called sys.exit({exc.code!r})") from None
+    call.__wrapped__ = fn
+    return call
+
+
+class _SourceLoader(importlib.abc.Loader):
+    """Executes a task file's text as stored in a repro bundle, under the file's own path (so tracebacks and the
+    finding's source name it, and linecache shows the stored lines, not those of a changed file on disk)."""
+
+    def __init__(self, path: Path, source: str):
+        self.path, self.source = path, source
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        filename = str(self.path)
+        lines = self.source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(self.source), None, lines, filename)  # mtime None: never re-read
+        module.__file__ = filename
+        exec(compile(self.source, filename, "exec"), module.__dict__)
+
+
+def _import_target(spec: str, source: str | None = None):
     """Resolve 'path/to/file.py:NAME' or 'package.module:NAME' to the object NAME."""
     if ":" not in spec:
         raise InputError(f"--task {spec!r} must be FILE.py:NAME or package.module:NAME (the colon names the "
@@ -99,10 +171,12 @@ def _import_target(spec: str):
     try:
         if where.endswith(".py") or "/" in where or "\\" in where:
             path = Path(where)
-            if not path.is_file():
+            if source is None and not path.is_file():
                 raise InputError(f"--task file {path} does not exist.")
             mod_name = f"debug_nan_task_{abs(hash(str(path.resolve())))}"
-            module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module_spec = (importlib.util.spec_from_file_location(mod_name, path) if source is None else
+                           importlib.util.spec_from_loader(mod_name, _SourceLoader(path.resolve(), source),
+                                                           origin=str(path.resolve())))
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[mod_name] = module
             sys.path.insert(0, str(path.resolve().parent))
@@ -114,8 +188,8 @@ def _import_target(spec: str):
             module = importlib.import_module(where)
     except InputError:
         raise
-    except Exception as exc:
-        raise InputError(f"--task {spec}: importing {where} failed with {describe_exception(exc)}.") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code
+        raise InputError(f"--task {spec}: importing {where} failed with {_describe(exc)}.") from None
     if not hasattr(module, name):
         raise InputError(f"--task {spec}: {where} has no attribute {name!r}.")
     return getattr(module, name)
@@ -139,17 +213,25 @@ def _check(obj, spec: str) -> Task:
     if clip is not None and not (isinstance(clip, (int, float)) and not isinstance(clip, bool)
                                  and math.isfinite(clip) and clip >= 0):
         problems.append(f"`max_grad_norm` must be a finite number >= 0 when given (got {clip!r})")
+    if isinstance(model, torch.nn.Module) and not any(p.requires_grad for p in model.parameters()):
+        count = sum(1 for _ in model.parameters())
+        problems.append(f"`model` has no trainable parameter ({count} parameter(s), none with requires_grad=True): "
+                        f"there is nothing to train and no gradient to check")
     if problems:
         raise InputError(f"--task {spec} returned a {type(obj).__name__} that is not a task: "
                          f"{'; '.join(problems)}. See the README section 'Debug your own model'.")
-    return Task(model=model, batches=batches, loss=get("loss"), optimizer=get("optimizer"),
-                scheduler=get("scheduler"), max_grad_norm=float(clip) if clip is not None else None,
-                describe_batch=get("describe_batch"), name=spec.rsplit(":", 1)[-1], spec=spec)
+    def guarded(name: str) -> Callable | None:
+        return _no_exit(get(name), name) if get(name) is not None else None
+
+    return Task(model=model, batches=batches, loss=_no_exit(get("loss"), "loss"), optimizer=guarded("optimizer"),
+                scheduler=guarded("scheduler"), max_grad_norm=float(clip) if clip is not None else None,
+                describe_batch=guarded("describe_batch"), name=spec.rsplit(":", 1)[-1], spec=spec)
 
 
-def load_task(spec: str, settings) -> Task:
-    """Import and call the task factory, and check the shape of what it returns."""
-    factory = _import_target(spec)
+def load_task(spec: str, settings, source: str | None = None) -> Task:
+    """Import and call the task factory, and check the shape of what it returns. `source`: the text of a FILE.py
+    spec's file to run instead of the file on disk (a repro bundle's stored copy)."""
+    factory = _import_target(spec, source)
     if not callable(factory):
         raise InputError(f"--task {spec}: {spec.rsplit(':', 1)[-1]} is a {type(factory).__name__}, not a callable.")
     try:
@@ -162,6 +244,6 @@ def load_task(spec: str, settings) -> Task:
         obj = factory(settings) if n_params >= 1 else factory()
     except InputError:
         raise
-    except Exception as exc:
-        raise InputError(f"--task {spec}: calling it raised {describe_exception(exc)}.") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code
+        raise InputError(f"--task {spec}: calling it raised {_describe(exc)}.") from None
     return _check(obj, spec)
