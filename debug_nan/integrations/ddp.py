@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from debug_nan.errors import describe_exception
-from debug_nan.train.distributed import PHASE_CODE, DistContext, agree, broadcast
+from debug_nan.checks.watch import PHASE_CODE
+from debug_nan.train.distributed import DistContext, agree, broadcast
 
 
 def context() -> DistContext | None:

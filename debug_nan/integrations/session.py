@@ -31,15 +31,15 @@ from debug_nan.checks.stats import capture_batch
 from debug_nan.integrations.ddp import decide_across_ranks
 from debug_nan.report.bundle import write_bundle
 from debug_nan.settings import RunSettings
-from debug_nan.train.distributed import average_gradients
+from debug_nan.train.distributed import agree, average_gradients
 from debug_nan.train.loop import Trainer
 
 HISTORY_STEPS = 50  # steps kept for the report and the explosion check: a long run must not grow without bound
 
 
-def first_harm(result):
-    """The check that trips (MicroResult.first_harm once the watch is restructured, first_nonfinite before)."""
-    return (getattr(result, "first_harm", None) or result.first_nonfinite)()
+def _agree_over(ctx):
+    """The watch's `agree` callable for a DDP context (None outside DDP)."""
+    return (lambda code: agree(code, ctx)) if ctx is not None else None
 
 
 class FrameworkMonitor(Monitor):
@@ -96,12 +96,12 @@ class FrameworkMonitor(Monitor):
         self.watch.watch_grads()
         self.watch.enabled = False
         local = self.dist if error is None else None  # an exception is never agreed on: see integrations.ddp
-        result = self.watch.sync(local)
+        result = self.watch.sync(_agree_over(local))
         self.history.add_micro(self.rec, result, last)
         if last:
             self.rec.finish()
             self.steps_run = self.steps
-        bad = first_harm(result)
+        bad = result.first_harm()
         if local is not None:
             return decide_across_ranks(self, result, bad, last)
         if bad is None and error is None:
@@ -201,8 +201,8 @@ class FrameworkMonitor(Monitor):
         """After training: the last optimizer step's parameter check (one more sync), then detach the hooks."""
         finding = None
         if not self.stopped and self._previous is not None:
-            result = self.watch.sync(self.dist)
-            bad = first_harm(result)
+            result = self.watch.sync(_agree_over(self.dist))
+            bad = result.first_harm()
             if self.dist is not None:
                 finding = decide_across_ranks(self, result, bad, last=False)
             elif bad is not None:
