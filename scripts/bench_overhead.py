@@ -31,12 +31,14 @@ runs under the same policy only. The policy in force is printed and written to t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -101,11 +103,13 @@ def naive_hook(module, inputs, output) -> None:
 def build_trainer(args) -> tuple[Trainer, object, dict]:
     """(trainer, its one fixed batch, the model description for the header and the JSON)."""
     config = args.config if args.model == "aam" else None
-    settings = build_settings(config, {"device": args.device, "max_steps": 10**9, "data_dir": "/nonexistent"})
+    settings = build_settings(config, {"device": args.device, "max_steps": 10**9})
     quiet = Log(stream=io.StringIO())
     device = resolve_device(settings.device, quiet)
     if args.model == "aam":
-        task = build_aam_task(settings, quiet)
+        # synthetic data: the default ./data of an empty folder (an explicit --data-dir must exist)
+        with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):
+            task = build_aam_task(settings, quiet)
         desc = {"file": Path(args.config).name, **{k: getattr(settings, k) for k in (
             "token_limit", "batch_size", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers",
             "precision")}}
