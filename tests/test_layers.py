@@ -1,5 +1,5 @@
 """The package's import graph, read from the source (ast): no cycle, and no module importing from a layer above
-its own. data -> model -> checks -> train -> report -> replay / runner / api -> cli (errors, settings and the
+its own. data -> model -> checks -> train -> report -> replay / runner / api -> cli, integrations (errors, settings and the
 package root are the foundation every layer may use)."""
 
 import ast
@@ -18,6 +18,7 @@ LAYERS = {  # module or package prefix -> layer; the longest matching prefix win
     "debug_nan.train": 4,
     "debug_nan.report": 5,
     "debug_nan.replay": 6, "debug_nan.runner": 6, "debug_nan.api": 6,
+    "debug_nan.integrations": 7,  # the framework callbacks, on top of the API (nothing imports them)
     "debug_nan.cli": 7, "debug_nan.__main__": 8,
 }
 
