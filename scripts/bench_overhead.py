@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"a comma list of {', '.join(MODES)}")
+    ap.add_argument("--split", action="store_true", help="also time each piece of the watch alone (min of many)")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own choice)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
@@ -191,6 +192,8 @@ def main() -> None:
     ratio = paired_ratios(times)
     cpu_ratio = paired_ratios(cpu_times)
     syncs = count_cuda_syncs(watch, watch_step) if device.type == "cuda" and "watch" in modes else None
+    plain_s = min((times if device.type == "cuda" else cpu_times)["plain"])  # the clock split_watch uses
+    split = split_watch(trainer, batch, plain_s, max(3, args.repeats)) if args.split else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"device {name} | OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')} | model {desc} | "
           f"{args.repeats} repeats after {args.warmup} warm-up")
@@ -206,7 +209,7 @@ def main() -> None:
                "cpu_samples_ms": {m: [1000 * x for x in v] for m, v in cpu_times.items()},
                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
-               "host_syncs_per_watch_step": syncs, "samples_ms": {m: [1000 * x for x in v] for m, v in times.items()}}
+               "host_syncs_per_watch_step": syncs, "split_ms": split, "samples_ms": {m: [1000 * x for x in v] for m, v in times.items()}}
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json_path}")
 
@@ -214,6 +217,61 @@ def main() -> None:
 def paired_ratios(times: dict[str, list[float]]) -> dict[str, float]:
     """Per mode: the median over the repeats of (this repeat's time / the same repeat's plain time)."""
     return {m: statistics.median(a / b for a, b in zip(v, times["plain"])) for m, v in times.items()}
+
+
+def split_watch(t: Trainer, batch, plain_s: float, repeats: int) -> dict[str, float]:
+    """Each piece of a watch step alone, min over `repeats` in ms, and its share of the fastest plain step. On
+    the CPU the pieces are timed in this process's CPU time (all threads), which other busy processes disturb
+    far less than wall time. The forward hooks: a forward + loss with and without them, alternated."""
+    w, device = t.watch, t.device
+    data = move_to(batch, device)
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+
+    def timed(fn) -> float:
+        sync(device)
+        start = clock()
+        fn()
+        sync(device)
+        return 1000 * (clock() - start)
+
+    def best(fn) -> float:
+        fn()
+        return min(timed(fn) for _ in range(repeats))
+
+    def forward(hooked: bool):
+        (w.attach if hooked else w.close)()
+        t.compute_loss(data)
+        w.discard()
+
+    pairs = [(timed(lambda: forward(True)), timed(lambda: forward(False))) for _ in range(repeats + 1)][1:]
+    hooked, bare = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    w.attach()
+    loss, parts = t.compute_loss(data)
+    loss.backward()
+    t.optimizer.step()
+    pieces = {"forward hooks (module outputs)": hooked - bare,
+              "gradients (watch_grads)": best(lambda: (w.watch_grads(), w.discard())),
+              "parameters + optimizer state (watch_params)": best(lambda: (w.watch_params(), w.discard()))}
+
+    def one_sync():
+        w.watch_params()
+        w.watch_batch(data)
+        with torch.no_grad():
+            w.watch_loss(*t.compute_loss(data))
+        w.watch_grads()
+        start = clock()
+        t.history.add_micro(t.history.begin(0), w.sync(t.agree), True)
+        return clock() - start
+
+    pieces["sync + history"] = 1000 * min(one_sync() for _ in range(repeats))
+    t.history.steps.clear()
+    pieces["snapshot (not the watch's)"] = best(t.snapshots[0].save)
+    w.close()
+    print(f"split of the watch, each piece alone (min of {repeats}, {'wall' if device.type == 'cuda' else 'CPU'} "
+          f"time), against the fastest plain step ({1000 * plain_s:.1f} ms, same clock):")
+    for name, ms in pieces.items():
+        print(f"  {name:<46}{ms:>8.2f} ms {100 * ms / (1000 * plain_s):>6.1f} %")
+    return pieces
 
 
 def count_cuda_syncs(watch, watch_step) -> int:

@@ -29,12 +29,15 @@ def test_bench_overhead_writes_every_mode(tmp_path):
 def test_bench_overhead_model_preset_runs_the_watch(tmp_path):
     out = tmp_path / "deep.json"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
-                           "--model", "deep", "--modes", "plain,watch", "--repeats", "1", "--warmup", "0",
+                           "--model", "deep", "--modes", "plain,watch", "--repeats", "1", "--warmup", "0", "--split",
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert set(data["ms_per_step"]) == {"plain", "watch"}
     assert (data["config"]["blocks"], data["config"]["d_model"], data["config"]["modules"]) == (24, 64, 295)
+    split = data["split_ms"]
+    assert len(split) == 5 and all(math.isfinite(v) for v in split.values())
+    assert split["parameters + optimizer state (watch_params)"] > 0 and "split of the watch" in proc.stdout
 
 
 @pytest.mark.parametrize("name, modules, logits", [("deep", 295, [8, 64, 256]), ("gpt2", 79, [4, 128, 8192])])
