@@ -12,7 +12,8 @@ from pathlib import Path
 
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.log import Log
-from debug_nan.report.summary import check_writable, report_dict, write_report, write_summary
+from debug_nan.report.outputs import OutputWriteError, check_writable
+from debug_nan.report.summary import report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
 from debug_nan.train.outcome import RunResult
 
@@ -79,8 +80,11 @@ class Outputs:
             path = self.report if rank == 0 else _rank_path(self.report, rank)
             data = report_dict(result, settings, monitor.device, elapsed)
             data["integration"] = integration
-            write_report(path, data)
-            self.log(f"JSON report written to {path}")
+            try:
+                write_report(path, data)
+                self.log(f"JSON report written to {path}")
+            except OutputWriteError as exc:  # the user's training must not fail at its end for our report
+                self.log(f"  could not write the JSON report: {exc}", "yellow")
         self.log.close()
         return result
 
