@@ -31,6 +31,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
+from debug_nan.train.checkpoint import restore, skip_batches
 from debug_nan.train.device import resolve_device
 from debug_nan.train.distributed import DistContext, average_gradients
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
@@ -76,6 +77,7 @@ class Trainer:
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
         self.pinpointer = Pinpointer(self)
+        self.first_step = self.resume(settings)  # optimizer steps the checkpoint already made (0: fresh start)
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
 
@@ -135,18 +137,30 @@ class Trainer:
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
 
+    def resume(self, s: RunSettings) -> int:
+        """--checkpoint: load the user's model, optimizer, scheduler and scaler state -> the step it reached."""
+        if not s.checkpoint:
+            return 0
+        resumed = restore(s.checkpoint, self.model, self.optimizer, self.scheduler, self.scaler,
+                          strict=not s.checkpoint_non_strict, unsafe=s.checkpoint_unsafe_load,
+                          task_loader=self.task.load_checkpoint)
+        self.log(f"  {resumed.line()}")
+        for note in resumed.notes:
+            self.log(f"  NOTICE: {note}.", "yellow")
+        return resumed.step
+
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
         result = RunResult(status="clean", steps_run=0, history=self.history, recipe=self.recipe.describe())
-        stream = micro_batches(self.task, self.dist)
+        stream = skip_batches(micro_batches(self.task, self.dist), self.s.skip_batches, self.log)
         previous: StepInputs | None = None
         # progress on stderr only when it is a terminal: under `2>&1 | tee` the log stays clean
         bar = tqdm(total=self.s.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
                    disable=not sys.stderr.isatty())
         try:
-            for step in range(1, self.s.max_steps + 1):
+            for step in range(self.first_step + 1, self.first_step + self.s.max_steps + 1):
                 finding, inputs = self.train_step(step, stream, previous)
-                result.steps_run = step
+                result.steps_run = step - self.first_step
                 bar.update(1)
                 if finding is None:
                     previous = inputs
