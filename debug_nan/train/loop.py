@@ -33,6 +33,7 @@ from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.checkpoint import restore, skip_batches
 from debug_nan.train.device import resolve_device
+from debug_nan.train.evaluate import EvalPass
 from debug_nan.train.distributed import DistContext, average_gradients
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
@@ -78,6 +79,7 @@ class Trainer:
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
         self.pinpointer = Pinpointer(self)
         self.first_step = self.resume(settings)  # optimizer steps the checkpoint already made (0: fresh start)
+        self.evaluation = EvalPass(self) if settings.eval_every else None
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
 
@@ -162,6 +164,15 @@ class Trainer:
                 finding, inputs = self.train_step(step, stream, previous)
                 result.steps_run = step - self.first_step
                 bar.update(1)
+                if finding is None and self.evaluation is not None and self.evaluation.due(step):
+                    # this update's parameter check first: an eval pass on weights it broke is not the origin
+                    finding = self.check_last_update(inputs)
+                    if finding is not None:
+                        previous = None  # the update to undo is this step's own: undo_update restores `inputs`
+                    elif (evaluated := self.evaluation.run(step)) is not None:
+                        result.findings.append(evaluated)
+                        if not self.s.keep_going:
+                            break  # (under --keep-going training goes on: the pass changed nothing to undo)
                 if finding is None:
                     previous = inputs
                     continue
@@ -171,9 +182,7 @@ class Trainer:
                 self.undo_update(finding, inputs, previous)
                 previous = None
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
-                final = self.watch.sync(self.agree_codes)
-                finding = self.decide(MicroOutcome(previous, self.accumulation_steps, final.first_harm(),
-                                                   rank_codes=final.rank_codes, previous=previous))
+                finding = self.check_last_update(previous)
                 if finding is not None:
                     result.findings.append(finding)
         except KeyboardInterrupt:
@@ -194,6 +203,12 @@ class Trainer:
         elif result.error is not None:
             result.status = "error"
         return result
+
+    def check_last_update(self, last: StepInputs | None) -> Finding | None:
+        """The parameter check of the last optimizer step, read now (normally at the next step's first sync)."""
+        final = self.watch.sync(self.agree_codes)
+        return self.decide(MicroOutcome(last, self.accumulation_steps, final.first_harm(),
+                                        rank_codes=final.rank_codes, previous=last))
 
     def train_step(self, step: int, stream, previous: StepInputs | None) -> tuple[Finding | None, StepInputs]:
         """One optimizer step with every check: snapshot, micro-batches, explosion check, clip, step."""
