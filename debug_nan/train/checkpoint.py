@@ -242,3 +242,15 @@ def skip_batches(stream, count: int, log):
                 raise InputError(f"--skip-batches {count}: the data ran out after {skipped} batches.") from None
         log(f"  --skip-batches {count}: fast-forwarded past {count} micro-batch(es) without training.")
     return stream
+
+
+def resume(s, model: torch.nn.Module, optimizer, scheduler, scaler, task, log) -> int:
+    """--checkpoint in a run (s: RunSettings): restore, say what was loaded -> the step the checkpoint reached."""
+    if not s.checkpoint:
+        return 0
+    resumed = restore(s.checkpoint, model, optimizer, scheduler, scaler, strict=not s.checkpoint_non_strict,
+                      unsafe=s.checkpoint_unsafe_load, task_loader=task.load_checkpoint)
+    log(f"  {resumed.line()}")
+    for note in resumed.notes:
+        log(f"  NOTICE: {note}.", "yellow")
+    return resumed.step

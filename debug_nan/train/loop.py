@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 from tqdm import tqdm
@@ -31,13 +31,14 @@ from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
-from debug_nan.train.checkpoint import restore, skip_batches
+from debug_nan.train.checkpoint import resume, skip_batches
 from debug_nan.train.device import resolve_device
 from debug_nan.train.evaluate import EvalPass
 from debug_nan.train.distributed import DistContext, average_gradients
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
+from debug_nan.train.repro import repro_state
 from debug_nan.train.task import Task, eager_module, micro_batches, split_loss
 
 
@@ -78,7 +79,8 @@ class Trainer:
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
         self.pinpointer = Pinpointer(self)
-        self.first_step = self.resume(settings)  # optimizer steps the checkpoint already made (0: fresh start)
+        # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
+        self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
         self.evaluation = EvalPass(self) if settings.eval_every else None
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
@@ -138,18 +140,6 @@ class Trainer:
         with warnings.catch_warnings():  # a step the fp16 scaler skipped still advances the schedule
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
-
-    def resume(self, s: RunSettings) -> int:
-        """--checkpoint: load the user's model, optimizer, scheduler and scaler state -> the step it reached."""
-        if not s.checkpoint:
-            return 0
-        resumed = restore(s.checkpoint, self.model, self.optimizer, self.scheduler, self.scaler,
-                          strict=not s.checkpoint_non_strict, unsafe=s.checkpoint_unsafe_load,
-                          task_loader=self.task.load_checkpoint)
-        self.log(f"  {resumed.line()}")
-        for note in resumed.notes:
-            self.log(f"  NOTICE: {note}.", "yellow")
-        return resumed.step
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -357,12 +347,4 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def repro_state(self, inputs: StepInputs, micro: int, finding: Finding, check, optimizer_phase: bool) -> dict:
-        """Everything a repro bundle holds (report/bundle.py writes it): the state before the step, its
-        micro-batches up to the failing one as produced (CPU) with their RNG states, the settings. It restores
-        the snapshot to read the state, so it comes after the replay."""
-        n = self.accumulation_steps if optimizer_phase else micro
-        return {"finding": finding.to_dict(), "step": inputs.step, "micro": micro,
-                "optimizer_phase": optimizer_phase, "check": asdict(check) if check is not None else None,
-                "batches": [move_to(b, torch.device("cpu")) for b in inputs.batches[:n]], "rng": inputs.rng[:n],
-                **inputs.snapshot.state_dicts(), "settings": self.s.to_dict(), "torch": torch.__version__,
-                "device": str(self.device)}
+        return repro_state(self, inputs, micro, finding, check, optimizer_phase)
