@@ -58,6 +58,9 @@ RUN_OPTIONS = [
                                              "pipeline clips at 1.0, a --task only if it sets max_grad_norm]."),
     _opt("--guards/--no-guards", help="Padding guards in the built-in model; --no-guards reproduces the "
                                       "pre-fix NaN. [default: guards]"),
+    _opt("--asv-encoder", type=click.Choice(CHOICES["asv_encoder"]),
+         help="The ASV encoder's transformer: builtin, or torch (nn.TransformerEncoder, whose inference fast path "
+              "under eval() + no_grad reproduces PYT-8.9 with --no-guards --eval-every N)."),
     _opt("--asv-order", type=click.Choice(CHOICES["asv_order"]), help="Which ASVs a truncated sample keeps."),
     _opt("--rarefy-depth", type=int, help="Rarefy every sample to this many reads first."),
     _opt("--unifrac", type=click.Choice(CHOICES["unifrac"]), help="UniFrac metric (weighted = normalized)."),
@@ -73,6 +76,19 @@ RUN_OPTIONS = [
     _opt("--unifrac-weight", type=float, help="Weight of the UniFrac distance loss of the built-in pipeline."),
     _opt("--asv-chunk-size", type=int, help="Encode ASVs in chunks of this many (checkpointed) to bound memory."),
     _opt("--task", type=str, help="Debug your own model: FILE.py:NAME or package.module:NAME."),
+    _opt("--checkpoint", type=click.Path(dir_okay=False), help="Start from this checkpoint: model, and where "
+         "present optimizer, scheduler, scaler and step counter; steps continue from its step."),
+    _opt("--checkpoint-non-strict/--checkpoint-strict", help="Load only the checkpoint keys that fit the model "
+         "(and name the rest) instead of exit 2. [default: strict]"),
+    _opt("--checkpoint-unsafe-load/--checkpoint-weights-only", help="torch.load the checkpoint with "
+         "weights_only=False (runs code stored in it: only for files you trust). [default: weights only]"),
+    _opt("--skip-batches", type=int, help="Fast-forward past this many micro-batches (without training) before "
+                                          "the first step, to reach the batch a resumed run failed on."),
+    _opt("--eval-every", type=int, help="An eval pass (model.eval(), no_grad) on held-out batches every N "
+                                        "optimizer steps, and one at the end. [default: none]"),
+    _opt("--eval-batches", type=int, help="Held-out batches per eval pass [default: all]."),
+    _opt("--eval-samples", type=int, help="Built-in pipeline: samples held out for the eval pass [default: 1/8, "
+                                          "at least one batch]."),
     _opt("--trace-every-step/--no-trace-every-step", help="Print the full layer-by-layer trace every step."),
     _opt("--keep-going/--stop-at-first", help="Record a finding and go on (skipping that step's update) instead "
                                               "of stopping. [default: stop]"),

@@ -22,6 +22,7 @@ CHOICES = {
     "asv_order": ("first", "abundance", "random"),
     "unifrac": ("unweighted", "weighted"),
     "precision": ("fp32", "bf16", "fp16"),
+    "asv_encoder": ("builtin", "torch"),
 }
 
 
@@ -47,6 +48,7 @@ class RunSettings:
     ffn_mult: int = 4
     dropout: float = 0.1
     guards: bool = True
+    asv_encoder: str = "builtin"  # "torch": nn.TransformerEncoder (its inference fast path: PYT-8.9 as it happened)
     asv_chunk_size: int | None = None
     nuc_weight: float = 1.0
     unifrac_weight: float = 1.0
@@ -61,6 +63,13 @@ class RunSettings:
     max_grad_norm: float | None = None  # None: the task's own clipping (the built-in pipeline: 1.0); 0: none
     precision: str = "fp32"
     seed: int = 42
+    checkpoint: str | None = None  # start from the user's checkpoint (train/checkpoint.py)
+    checkpoint_non_strict: bool = False
+    checkpoint_unsafe_load: bool = False
+    skip_batches: int = 0  # micro-batches to fast-forward past (without training) before the first step
+    eval_every: int | None = None  # an eval pass every N optimizer steps, and one at the end; None: none
+    eval_batches: int | None = None  # held-out batches per eval pass (None: all of them)
+    eval_samples: int | None = None  # built-in pipeline: samples held out (None: 1/8, at least one batch)
     # checks
     trace_every_step: bool = False
     keep_going: bool = False
@@ -83,9 +92,10 @@ SECTIONS = {
     "data": ("data_dir", "table", "tree", "sequences", "token_limit", "batch_size", "asv_order", "rarefy_depth",
              "unifrac", "synthetic_samples"),
     "model": ("d_model", "heads", "asv_layers", "sample_layers", "encoder_layers", "ffn_mult", "dropout", "guards",
-              "asv_chunk_size", "nuc_weight", "unifrac_weight"),
+              "asv_encoder", "asv_chunk_size", "nuc_weight", "unifrac_weight"),
     "train": ("task", "device", "max_steps", "gradient_accumulation_steps", "lr", "weight_decay", "warmup_steps",
-              "max_grad_norm", "precision", "seed"),
+              "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
+              "skip_batches", "eval_every", "eval_batches", "eval_samples"),
     "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth"),
     "output": ("report", "log", "plot", "bundle_dir", "bundle"),
 }
@@ -203,6 +213,15 @@ def validate(s: RunSettings) -> None:
         raise InputError(f"--rarefy-depth must be a positive integer, got {s.rarefy_depth}.")
     if s.asv_chunk_size is not None and s.asv_chunk_size <= 0:
         raise InputError(f"--asv-chunk-size must be a positive integer, got {s.asv_chunk_size}.")
+    if s.skip_batches < 0:
+        raise InputError(f"--skip-batches must be >= 0, got {s.skip_batches}.")
+    for name in ("eval_every", "eval_batches", "eval_samples"):
+        value = getattr(s, name)
+        if value is not None and value <= 0:
+            raise InputError(f"{option(name)} must be a positive integer, got {value}.")
+    if s.eval_every is None and (s.eval_batches is not None or s.eval_samples is not None):
+        given = "--eval-batches" if s.eval_batches is not None else "--eval-samples"
+        raise InputError(f"{given} sets up the eval pass, which runs only with --eval-every N; add it.")
     if not 0.0 <= s.dropout < 1.0:
         raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
     for name, allowed in CHOICES.items():

@@ -12,8 +12,8 @@ import torch
 
 from debug_nan.checks.causes.arithmetic import division_rule, domain_rule, inf_arithmetic_rule, infinite_rule, log_rule
 from debug_nan.checks.causes.backward import singular_rule
-from debug_nan.checks.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, is_attention,
-                                             softmax_rule)
+from debug_nan.checks.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, fused_mask_rule,
+                                             is_attention, softmax_rule)
 from debug_nan.checks.causes.reductions import ctc_rule, zero_count_rule
 from debug_nan.checks.causes.wording import (SUGGESTIONS, batch_layout, describe_rows, is_builtin, ranges,
                                              suggestions_for)
@@ -73,6 +73,8 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
         result = softmax_rule(event, batch)
     elif result is None and is_attention(name):
         result = attention_rule(event, batch)
+    if result is None:
+        result = fused_mask_rule(event, batch)
     for rule in (zero_count_rule, ctc_rule, log_rule, division_rule, domain_rule):
         if result is None:
             result = rule(event, name)

@@ -18,7 +18,7 @@ CAUSES = (
     "inf_arithmetic", "infeasible_target", "masked_value_used", "nonfinite_input", "nonfinite_parameter",
     "gradient_explosion", "unknown",
 )
-PHASES = ("data", "forward", "loss", "backward", "optimizer")
+PHASES = ("data", "forward", "loss", "backward", "optimizer", "eval")  # eval: the validation pass (--eval-every)
 # the phase a watch check stands for, when no replay names a finer one
 
 

@@ -6,6 +6,10 @@ returns, so the op's outputs wait in `pending` and are tagged at the next op or 
 the innermost module whose forward made it, including ops in a parent's own body upstream of a child call. A
 module's post-hook also tags untagged nodes reachable from its outputs (a custom autograd.Function's own node,
 which no traced op creates).
+`global_hooks`: the hooks are registered globally (torch.nn.modules.module.register_module_forward_*_hook) and
+filtered to the model's modules, so no module carries a hook of its own: torch's inference fast paths
+(nn.TransformerEncoderLayer, nn.MultiheadAttention) refuse to run when a module has forward hooks, and an eval
+replay must take the path the run took.
 """
 
 from __future__ import annotations
@@ -29,8 +33,17 @@ class ModuleContext:
         self._stop_nodes: list[dict[int, object]] = []
         self._pending: list[list] = []  # [op outputs, module, origin or None]: their autograd node is tagged next
         self._classes: dict[str, tuple[str, str]] = {}
+        self.global_hooks = False
 
     def attach(self) -> None:
+        if self.global_hooks:
+            from torch.nn.modules import module as nn_module
+
+            self._handles.append(nn_module.register_module_forward_pre_hook(
+                lambda m, inputs: self._pre(m, inputs, {}) if m in self.names else None))
+            self._handles.append(nn_module.register_module_forward_hook(
+                lambda m, inputs, output: self._post(m, inputs, output) if m in self.names else None))
+            return
         for m in self.names:
             self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._post))

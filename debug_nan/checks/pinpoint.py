@@ -9,6 +9,8 @@ the `StepDriver` seam, so the CLI's Trainer and the API's Monitor share this one
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from debug_nan.checks.diagnose import diagnose
@@ -146,6 +148,45 @@ class Pinpointer:
             named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
             reached = tracer.reached(event, named)
         return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
+
+    def pinpoint_eval(self, step: int, index: int, raw, rng: dict, evaluate, check: Check | None,
+                      error: BaseException | None) -> Finding:
+        """The finding behind a non-finite value of the eval pass after step `step`, on held-out batch `index`
+        (1-based; the finding's micro_step). `evaluate(batch)` runs the task's eval function (no_grad inside) and
+        returns the values that count as harm; the caller has the model in eval mode. The batch is replayed with
+        its RNG state under the tracer, its tensors marked as data origins, the tracer's module hooks registered
+        globally so that torch's inference fast paths run as they did in the pass -> a Finding in phase "eval"."""
+        d = self.driver
+        d.log(f"  [pinpoint] replaying held-out batch {index} in eval mode under the op-level tracer...")
+        restore_rng(rng, d.device)
+        batch = move_to(raw, d.device, copy=True)
+        tracer, harmed, exc = Tracer(d.model), [], None
+        tracer.context.global_hooks = True  # a module with a forward hook of its own turns the fast paths off
+        with tracer:
+            for path, t in flat_tensors(batch):
+                tracer.mark(t, path, "data")
+            try:
+                harmed = [t for _, t in evaluate(batch)]
+            except Exception as e:  # noqa: BLE001 - the same exception as in the pass, usually
+                if is_out_of_memory(e):
+                    raise
+                exc = e
+            origin = tracer.origin_of(harmed) or (tracer.first if exc is not None else None)
+        error = error or exc
+        d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
+        where = f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
+        if origin is None:
+            if error is not None or check is None:
+                raise TaskFailure(f"eval pass after step {step}, held-out batch {index}: "
+                                  f"{describe_exception(error) if error else 'no value to check'}. The replay found "
+                                  f"no NaN/Inf before it, so this is an error in the task's code, not a numerical "
+                                  f"one.")
+            finding = watch_only_finding(step, index, raw, check, d.model)
+        elif origin.phase == "data":
+            finding = data_finding(step, index, raw, Check("data", origin.label, float(origin.kind)))
+        else:
+            finding = self.event_finding(step, index, origin, raw, check, error)
+        return replace(finding, phase="eval", explanation=where + finding.explanation)
 
     def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                        exc: BaseException) -> Finding:

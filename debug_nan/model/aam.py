@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from debug_nan.data.tokens import ASV_LEN, PAD, VOCAB_SIZE
-from debug_nan.model.attention import AttentionPooling, Transformer
+from debug_nan.model.attention import AttentionPooling, TorchTransformer, Transformer
 
 
 @dataclass
@@ -28,6 +28,7 @@ class AAMConfig:
     ffn_mult: int = 4
     dropout: float = 0.1
     guards: bool = True
+    asv_encoder: str = "builtin"  # "torch": nn.TransformerEncoder over the nucleotides of each ASV
     asv_chunk_size: int | None = None
 
     @classmethod
@@ -41,6 +42,9 @@ class ASVEncoder(nn.Module):
 
     Guards on: only slots that hold an ASV are encoded (packed), so an all-padding slot never reaches a softmax.
     Guards off: every slot is encoded, as before the PYT-8.9 fix; all-padding slots turn into NaN.
+    asv_encoder "torch": the transformer is nn.TransformerEncoder and the pooling always guarded, as in the AAM
+    code of PYT-8.9: training stays finite even with every slot encoded, and only the eval pass (the fused
+    inference fast path) turns all-padding slots into NaN.
     With asv_chunk_size, packed ASVs go through in chunks under activation checkpointing, which bounds the
     encoder's peak activation memory by the chunk instead of by B x A.
     """
@@ -50,8 +54,12 @@ class ASVEncoder(nn.Module):
         self.cfg = cfg
         self.token_embedding = nn.Embedding(VOCAB_SIZE, cfg.d_model)
         self.position_embedding = nn.Embedding(ASV_LEN, cfg.d_model)
-        self.transformer = Transformer(cfg.asv_layers, cfg.d_model, cfg.heads, cfg.ffn_mult, cfg.dropout, cfg.guards)
-        self.pooling = AttentionPooling(cfg.d_model, cfg.guards)
+        if cfg.asv_encoder == "torch":
+            self.transformer = TorchTransformer(cfg.asv_layers, cfg.d_model, cfg.heads, cfg.ffn_mult, cfg.dropout)
+        else:
+            self.transformer = Transformer(cfg.asv_layers, cfg.d_model, cfg.heads, cfg.ffn_mult, cfg.dropout,
+                                           cfg.guards)
+        self.pooling = AttentionPooling(cfg.d_model, cfg.guards or cfg.asv_encoder == "torch")
         self.nucleotide_head = nn.Linear(cfg.d_model, VOCAB_SIZE)
 
     def encode_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,26 @@ class Transformer(nn.Module):
         return self.norm(x)
 
 
+class TorchTransformer(nn.Module):
+    """torch's own nn.TransformerEncoder (pre-norm, GELU, batch_first, a final LayerNorm) behind the same interface:
+    x [N, L, D], key_valid [N, L] -> [N, L, D]; padding goes in as src_key_padding_mask = ~key_valid.
+
+    In training it runs the composite path, whose attention gives a query row without any key zeros. Under eval()
+    + no_grad (and no forward hooks, no autocast) it takes the inference fast path, the fused
+    aten._transformer_encoder_layer_fwd per layer, which turns such a row into NaN: the PYT-8.9 NaN that only the
+    validation pass met. (norm_first=True also keeps nested tensors off: with them an all-padding row is dropped and
+    comes back as zeros, see the README.)"""
+
+    def __init__(self, layers: int, d_model: int, heads: int, ffn_mult: int, dropout: float):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, heads, ffn_mult * d_model, dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x, src_key_padding_mask=~key_valid)
+
+
 class AttentionPooling(nn.Module):
     """One vector per row: softmax-weighted sum over L of x [N, L, D] with a mask [N, L] -> [N, D]."""
 

@@ -3,6 +3,8 @@
 It is a task like any `--task` plug-in; the runner treats it no differently. Its training recipe (AdamW at --lr,
 a linear warmup over AAM_WARMUP_STEPS, clipping at AAM_MAX_GRAD_NORM) is its own, as a task's would be:
 --warmup-steps and --max-grad-norm replace it.
+With --eval-every it holds out a seeded split of the samples (--eval-samples, default 1/8, at least one batch):
+training draws from the rest, and each eval pass runs the same loss on the held-out batches in eval() + no_grad.
 """
 
 from __future__ import annotations
@@ -37,16 +39,48 @@ class EpochBatches:
 
     sharded = True
 
-    def __init__(self, collate: Collator, n_samples: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
-        self.collate, self.n_samples, self.batch_size, self.seed = collate, n_samples, batch_size, seed
+    def __init__(self, collate: Collator, samples: np.ndarray, batch_size: int, seed: int, rank: int = 0,
+                 world: int = 1):
+        """samples: the sample indices to draw from (all of them, or the training part of a held-out split)."""
+        self.collate, self.samples, self.batch_size, self.seed = collate, samples, batch_size, seed
         self.rank, self.world = rank, world
         self.epoch = 0
 
     def __iter__(self):
-        order = np.random.default_rng((self.seed, self.epoch)).permutation(self.n_samples)[self.rank::self.world]
+        order = self.samples[np.random.default_rng((self.seed, self.epoch)).permutation(self.samples.size)]
+        order = order[self.rank::self.world]
         self.epoch += 1
         for start in range(0, order.size - self.batch_size + 1, self.batch_size):
             yield self.collate(order[start:start + self.batch_size])
+
+
+class HeldOutBatches:
+    """The held-out samples in fixed batches of batch_size (the last partial one dropped: UniFrac needs pairs),
+    collated when iterated; every eval pass sees the same batches. Not sharded: each rank evaluates them all."""
+
+    def __init__(self, collate: Collator, samples: np.ndarray, batch_size: int):
+        self.collate, self.samples, self.batch_size = collate, samples, batch_size
+
+    def __iter__(self):
+        for start in range(0, self.samples.size - self.batch_size + 1, self.batch_size):
+            yield self.collate(self.samples[start:start + self.batch_size])
+
+
+def held_out_split(n_samples: int, s: RunSettings, world: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(training sample indices, held-out indices or None): a seeded split, only when an eval pass is asked for."""
+    everything = np.arange(n_samples)
+    if not s.eval_every:
+        return everything, None
+    held = s.eval_samples if s.eval_samples is not None else max(s.batch_size, n_samples // 8 // s.batch_size
+                                                                 * s.batch_size)
+    if held < s.batch_size:
+        raise InputError(f"--eval-samples {held} is fewer than one batch (--batch-size {s.batch_size}).")
+    if n_samples - held < s.batch_size * world:
+        raise InputError(f"--eval-samples {held} leaves {n_samples - held} of the {n_samples} samples for training, "
+                         f"fewer than one batch (--batch-size {s.batch_size} x {world} rank(s)); lower "
+                         f"--eval-samples or --batch-size.")
+    order = np.random.default_rng((s.seed, 8)).permutation(n_samples)
+    return np.sort(order[held:]), np.sort(order[:held])
 
 
 def aam_loss(model: torch.nn.Module, batch: dict, nuc_weight: float = 1.0, unifrac_weight: float = 1.0) -> dict:
@@ -108,10 +142,16 @@ def build_aam_task(s: RunSettings, log=print) -> Task:
     if s.batch_size * world > data.n_samples:
         raise InputError(f"--batch-size {s.batch_size} x {world} ranks needs {s.batch_size * world} samples; "
                          f"{data.source} has {data.n_samples}.")
-    task = build_aam_model_task(s, batches=EpochBatches(collate, data.n_samples, s.batch_size, s.seed, rank, world))
+    train, held = held_out_split(data.n_samples, s, world)
+    if held is not None:
+        log(f"Held out {held.size} of {data.n_samples} samples for the eval pass (--eval-samples); training draws "
+            f"from the other {train.size}.")
+    task = build_aam_model_task(s, batches=EpochBatches(collate, train, s.batch_size, s.seed, rank, world),
+                                eval_batches=HeldOutBatches(collate, held, s.batch_size) if held is not None else None)
     n_params = sum(p.numel() for p in task.model.parameters())
     log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
-        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}.")
+        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}"
+        f"{', ASV encoder nn.TransformerEncoder' if s.asv_encoder == 'torch' else ''}.")
     return task
 
 
@@ -120,8 +160,9 @@ def describe_aam_batch(batch) -> list[str]:
     return report.lines() + [f"WARNING: {p}" for p in report.problems]
 
 
-def build_aam_model_task(s: RunSettings, batches) -> Task:
-    """The built-in model and loss around any batches (a repro bundle's, for a replay without the data)."""
+def build_aam_model_task(s: RunSettings, batches, eval_batches=None) -> Task:
+    """The built-in model and loss around any batches (a repro bundle's, for a replay without the data); the eval
+    pass runs the same loss."""
     cfg = AAMConfig.from_settings(s)
     torch.manual_seed(s.seed)
 
@@ -130,4 +171,4 @@ def build_aam_model_task(s: RunSettings, batches) -> Task:
 
     return Task(model=AAMModel(cfg), batches=batches, loss=loss, describe_batch=describe_aam_batch,
                 scheduler=lambda optimizer: linear_warmup(optimizer, AAM_WARMUP_STEPS),
-                max_grad_norm=AAM_MAX_GRAD_NORM, name="aam (built-in)")
+                max_grad_norm=AAM_MAX_GRAD_NORM, name="aam (built-in)", eval_batches=eval_batches)

@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 from tqdm import tqdm
@@ -31,11 +31,14 @@ from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
+from debug_nan.train.checkpoint import resume, skip_batches
 from debug_nan.train.device import resolve_device
+from debug_nan.train.evaluate import EvalPass
 from debug_nan.train.distributed import DistContext, average_gradients
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
+from debug_nan.train.repro import repro_state
 from debug_nan.train.task import Task, eager_module, micro_batches, split_loss
 
 
@@ -80,6 +83,9 @@ class Trainer:
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
         self.pinpointer = Pinpointer(self)
+        # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
+        self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
+        self.evaluation = EvalPass(self) if settings.eval_every else None
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
 
@@ -142,16 +148,25 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
         result = RunResult(status="clean", steps_run=0, history=self.history, recipe=self.recipe.describe())
-        stream = micro_batches(self.task, self.dist)
+        stream = skip_batches(micro_batches(self.task, self.dist), self.s.skip_batches, self.log)
         previous: StepInputs | None = None
         # progress on stderr only when it is a terminal: under `2>&1 | tee` the log stays clean
         bar = tqdm(total=self.s.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
                    disable=not sys.stderr.isatty())
         try:
-            for step in range(1, self.s.max_steps + 1):
+            for step in range(self.first_step + 1, self.first_step + self.s.max_steps + 1):
                 finding, inputs = self.train_step(step, stream, previous)
-                result.steps_run = step
+                result.steps_run = step - self.first_step
                 bar.update(1)
+                if finding is None and self.evaluation is not None and self.evaluation.due(step):
+                    # this update's parameter check first: an eval pass on weights it broke is not the origin
+                    finding = self.check_last_update(inputs)
+                    if finding is not None:
+                        previous = None  # the update to undo is this step's own: undo_update restores `inputs`
+                    elif (evaluated := self.evaluation.run(step)) is not None:
+                        result.findings.append(evaluated)
+                        if not self.s.keep_going:
+                            break  # (under --keep-going training goes on: the pass changed nothing to undo)
                 if finding is None:
                     previous = inputs
                     continue
@@ -161,9 +176,7 @@ class Trainer:
                 self.undo_update(finding, inputs, previous)
                 previous = None
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
-                final = self.watch.sync(self.agree_codes)
-                finding = self.decide(MicroOutcome(previous, self.accumulation_steps, final.first_harm(),
-                                                   rank_codes=final.rank_codes, previous=previous))
+                finding = self.check_last_update(previous)
                 if finding is not None:
                     result.findings.append(finding)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (report/interrupts.py raises KeyboardInterrupt)
@@ -186,6 +199,12 @@ class Trainer:
         elif result.error is not None:
             result.status = "error"
         return result
+
+    def check_last_update(self, last: StepInputs | None) -> Finding | None:
+        """The parameter check of the last optimizer step, read now (normally at the next step's first sync)."""
+        final = self.watch.sync(self.agree_codes)
+        return self.decide(MicroOutcome(last, self.accumulation_steps, final.first_harm(),
+                                        rank_codes=final.rank_codes, previous=last))
 
     def train_step(self, step: int, stream, previous: StepInputs | None) -> tuple[Finding | None, StepInputs]:
         """One optimizer step with every check: snapshot, micro-batches, explosion check, clip, step."""
@@ -348,12 +367,4 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def repro_state(self, inputs: StepInputs, micro: int, finding: Finding, check, optimizer_phase: bool) -> dict:
-        """Everything a repro bundle holds (report/bundle.py writes it): the state before the step, its
-        micro-batches up to the failing one as produced (CPU) with their RNG states, the settings. It restores
-        the snapshot to read the state, so it comes after the replay."""
-        n = self.accumulation_steps if optimizer_phase else micro
-        return {"finding": finding.to_dict(), "step": inputs.step, "micro": micro,
-                "optimizer_phase": optimizer_phase, "check": asdict(check) if check is not None else None,
-                "batches": [move_to(b, torch.device("cpu")) for b in inputs.batches[:n]], "rng": inputs.rng[:n],
-                **inputs.snapshot.state_dicts(), "settings": self.s.to_dict(), "torch": torch.__version__,
-                "device": str(self.device)}
+        return repro_state(self, inputs, micro, finding, check, optimizer_phase)

@@ -8,6 +8,10 @@ NAME is a callable taking no argument or one (the run's RunSettings). It returns
   scheduler(optimizer) -> an LR scheduler              (optional; stepped once per optimizer step, no argument)
   max_grad_norm: float                                 (optional; clip the total gradient norm to it)
   describe_batch(batch) -> list[str]                   (optional; data checks printed each step)
+  eval_batches                                         (optional; held-out batches for --eval-every)
+  eval_loss(model, batch) or evaluate(model, batch)   (optional; the eval pass's loss / metrics dict; default:
+                                                        loss(model, batch), run under eval() + no_grad)
+  load_checkpoint(path, model, optimizer) -> step|None (optional; --checkpoint for a layout of its own)
 
 The debug run is the task's own run: nothing is added to its recipe. No clipping, warmup or schedule unless the
 task asks for it (above) or an explicit --max-grad-norm / --warmup-steps (or config key) does; an explicit flag
@@ -47,6 +51,9 @@ class Task:
     name: str = "task"
     notes: list[str] = field(default_factory=list)
     spec: str | None = None  # how to load it again (for repro bundles); None for the built-in task
+    eval_batches: Iterable | None = None
+    eval_loss: Callable[[torch.nn.Module, Any], Any] | None = None  # eval_loss or evaluate, whichever is given
+    load_checkpoint: Callable | None = None
 
 
 def split_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -206,7 +213,7 @@ def _check(obj, spec: str) -> Task:
         problems.append(f"`batches` must be an iterable of micro-batches (got {type(batches).__name__})")
     if not callable(get("loss")):
         problems.append("`loss(model, batch)` must be callable")
-    for name in ("optimizer", "scheduler", "describe_batch"):
+    for name in ("optimizer", "scheduler", "describe_batch", "eval_loss", "evaluate", "load_checkpoint"):
         if get(name) is not None and not callable(get(name)):
             problems.append(f"`{name}` must be callable when given")
     clip = get("max_grad_norm")
@@ -217,15 +224,23 @@ def _check(obj, spec: str) -> Task:
         count = sum(1 for _ in model.parameters())
         problems.append(f"`model` has no trainable parameter ({count} parameter(s), none with requires_grad=True): "
                         f"there is nothing to train and no gradient to check")
+    eval_batches = get("eval_batches")
+    if eval_batches is not None and (not isinstance(eval_batches, Iterable) or isinstance(eval_batches, (str, bytes))):
+        problems.append(f"`eval_batches` must be an iterable of batches when given (got {type(eval_batches).__name__})")
+    if get("eval_loss") is not None and get("evaluate") is not None:
+        problems.append("give `eval_loss` or `evaluate`, not both")
     if problems:
         raise InputError(f"--task {spec} returned a {type(obj).__name__} that is not a task: "
                          f"{'; '.join(problems)}. See the README section 'Debug your own model'.")
+
     def guarded(name: str) -> Callable | None:
         return _no_exit(get(name), name) if get(name) is not None else None
 
+    evaluate = guarded("eval_loss") or guarded("evaluate")
     return Task(model=model, batches=batches, loss=_no_exit(get("loss"), "loss"), optimizer=guarded("optimizer"),
                 scheduler=guarded("scheduler"), max_grad_norm=float(clip) if clip is not None else None,
-                describe_batch=guarded("describe_batch"), name=spec.rsplit(":", 1)[-1], spec=spec)
+                describe_batch=guarded("describe_batch"), name=spec.rsplit(":", 1)[-1], spec=spec,
+                eval_batches=eval_batches, eval_loss=evaluate, load_checkpoint=guarded("load_checkpoint"))
 
 
 def load_task(spec: str, settings, source: str | None = None) -> Task:

@@ -75,6 +75,35 @@ def attention_rule(event: OpEvent, batch) -> tuple[str, str] | None:
                                   f"masked), and softmax over an empty set is 0/0 = NaN. Those rows belong to {where}.")
 
 
+# torch's inference fast paths (nn.TransformerEncoderLayer / nn.MultiheadAttention under eval() + no_grad): their
+# `mask` is True where a key is padding (src_key_padding_mask), the opposite of scaled_dot_product_attention's
+FUSED_MASK_OPS = {"_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer's inference fast path",
+                  "_native_multi_head_attention": "nn.MultiheadAttention's inference fast path",
+                  "_masked_softmax": "the fused masked softmax of torch's attention fast path"}
+
+
+def fused_mask_rule(event: OpEvent, batch) -> tuple[str, str] | None:
+    """A fused fast-path op whose padding mask leaves a row with no key at all."""
+    name = event.op.split(".")[1] if event.op.startswith("aten.") else event.op
+    if name not in FUSED_MASK_OPS:
+        return None
+    mask = dict(event.inputs).get("mask")
+    if mask is None or mask.dim() == 0:
+        return None
+    blocked = mask if mask.dtype == torch.bool else torch.isneginf(mask)
+    empty = blocked.all(dim=-1)  # [B] for a key padding mask, [..., L_q] for an attention mask
+    rows = empty.reshape(empty.shape[0], -1).any(dim=1).nonzero().squeeze(1) if empty.dim() else None
+    if rows is None or rows.numel() == 0:
+        return None
+    where = describe_rows(rows, empty.shape[0], batch, aam=is_builtin(event))
+    return "all_masked_softmax", (f"{event.op} ({FUSED_MASK_OPS[name]}, taken only under eval() + no_grad): its "
+                                  f"padding mask {list(mask.shape)} masks every one of the {mask.shape[-1]} keys "
+                                  f"of {rows.numel()} rows of {empty.shape[0]}, and the fused kernel's softmax over "
+                                  f"an empty set is 0/0 = NaN (training mode runs the composite path, whose softmax "
+                                  f"gives such rows zero weights, so training stayed finite). Those all-padding rows belong to "
+                                  f"{where}.")
+
+
 def deliberate_rule(event: OpEvent) -> tuple[str, str] | None:
     """An Inf written on purpose (a mask) that is itself the origin of the harm: nothing else made an Inf."""
     if not event.deliberate:
