@@ -22,6 +22,7 @@ CHOICES = {
     "asv_order": ("first", "abundance", "random"),
     "unifrac": ("unweighted", "weighted"),
     "precision": ("fp32", "bf16", "fp16"),
+    "snapshot": ("host", "device", "off"),  # checks.snapshot.SNAPSHOT_MODES
 }
 
 
@@ -66,6 +67,7 @@ class RunSettings:
     keep_going: bool = False
     explosion_threshold: float = 1e4
     explosion_growth: float = 1e3
+    snapshot: str = "host"  # where the replay's copy of the state lives: host (pinned CPU on CUDA), device, off
     # output
     report: str | None = None
     log: str | None = None
@@ -86,7 +88,7 @@ SECTIONS = {
               "asv_chunk_size", "nuc_weight", "unifrac_weight"),
     "train": ("task", "device", "max_steps", "gradient_accumulation_steps", "lr", "weight_decay", "warmup_steps",
               "max_grad_norm", "precision", "seed"),
-    "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth"),
+    "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot"),
     "output": ("report", "log", "plot", "bundle_dir", "bundle"),
 }
 TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
@@ -205,6 +207,9 @@ def validate(s: RunSettings) -> None:
         raise InputError(f"--asv-chunk-size must be a positive integer, got {s.asv_chunk_size}.")
     if not 0.0 <= s.dropout < 1.0:
         raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
+    if s.keep_going and s.snapshot == "off":
+        raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
+                         "with --snapshot off there is none: use --snapshot host (or device), or --stop-at-first.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:
             raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

@@ -22,13 +22,13 @@ import torch
 from tqdm import tqdm
 
 from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
-from debug_nan.checks.finding import Finding, explosion_finding
+from debug_nan.checks.finding import Finding, explosion_finding, watch_only_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng
+from debug_nan.checks.snapshot import NO_SNAPSHOT, Snapshot, capture_rng
 from debug_nan.checks.stats import capture_batch, move_to
 from debug_nan.checks.watch import Watch
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_exception
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.device import resolve_device
@@ -74,7 +74,9 @@ class Trainer:
         self.watch = Watch(self.model, self.optimizer)
         self.watch.detailed = settings.trace_every_step
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
-        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
+        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
+                          for _ in range(2)]
+        log(f"  snapshot {self.snapshots[0].describe()}")
         self.pinpointer = Pinpointer(self)
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
@@ -284,7 +286,10 @@ class Trainer:
         return self.pinpoint(o)
 
     def gradients_finite_without_scale(self, o: MicroOutcome) -> bool:
-        """fp16: the gradients are finite when the same micro-batches run without the loss scale."""
+        """fp16: the gradients are finite when the same micro-batches run without the loss scale. With
+        --snapshot off nothing can be re-run: the trip counts as the scaler's overflow, as GradScaler takes it."""
+        if not o.inputs.snapshot.kept:
+            return True
         return self.precision.may_overflow() and self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
     def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
@@ -296,6 +301,8 @@ class Trainer:
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
         repro bundle is written here, by the rank that pinpointed."""
+        if not self.snapshots[0].kept and not (o.check is not None and o.check.kind == "data"):
+            return self.unreplayed(o)
         if o.check is not None and o.check.kind == "param":
             if o.previous is None:
                 return None
@@ -311,6 +318,15 @@ class Trainer:
             except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
                 self.log(f"  [bundle] could not write the repro bundle: {type(exc).__name__}: {exc}", "yellow")
         return finding
+
+    def unreplayed(self, o: MicroOutcome) -> Finding:
+        """--snapshot off: the watch's finding, without the op (there is no state to replay from)."""
+        param = o.check is not None and o.check.kind == "param" and o.previous is not None
+        inputs, micro = (o.previous, self.accumulation_steps) if param else (o.inputs, o.micro)
+        self.log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {NO_SNAPSHOT}", "red")
+        if o.check is None:
+            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {NO_SNAPSHOT}")
+        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, self.model, why=NO_SNAPSHOT)
 
     def check_explosion(self, record: StepRecord) -> Finding | None:
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)
