@@ -113,7 +113,9 @@ class Snapshot:
         self._pending: set[torch.device] = set()
         if not self.kept:
             return
-        self._param_copies = _Copies([p.detach() for p in self._params], self._host)
+        # asynchronous only when the optimizer's pre-hook can fence the copy: without an optimizer (the API's
+        # Monitor without one) whoever updates the parameters is unknown, so the copy is queued on the compute stream
+        self._param_copies = _Copies([p.detach() for p in self._params], self._host, side=optimizer is not None)
         # buffers are written by the forward, right after save(): they go on the compute stream, in its order
         self._buffer_copies = _Copies([b.detach() for b in self._buffers], self._host, side=False)
         if optimizer is not None and any(device is not None for device in self._param_copies.groups):
@@ -145,8 +147,8 @@ class Snapshot:
             whole = len(idx) == len(sources)
             dst = saved.copies if whole else [saved.copies[i] for i in idx]
             src = sources if whole else [sources[i] for i in idx]
-            if device is None:
-                torch._foreach_copy_(dst, src)
+            if device is None:  # a device -> pinned host copy here is queued too (no host sync), in stream order
+                torch._foreach_copy_(dst, src, non_blocking=self._host)
                 continue
             if device not in self._side:
                 self._side[device] = (torch.cuda.Stream(device), torch.cuda.Event())

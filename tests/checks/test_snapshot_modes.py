@@ -113,3 +113,18 @@ def test_cli_snapshot_off_on_an_optimizer_trip_names_the_previous_step(run_cli):
 def test_cli_keep_going_needs_a_snapshot(run_cli):
     run = run_cli(*task("log_zero_loss"), "--snapshot", "off", "--keep-going")
     assert run.code == 2 and "--keep-going" in run.output and "--snapshot off" in run.output
+
+
+@cuda
+def test_cuda_host_without_an_optimizer_copies_in_stream_order():
+    """Nobody fences a side-stream copy when there is no optimizer step: the copy is queued on the compute stream."""
+    model = Net().cuda()
+    snapshot = Snapshot(model, mode="host")
+    snapshot.save()
+    assert not snapshot._pending
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    snapshot.restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
