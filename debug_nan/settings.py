@@ -23,6 +23,7 @@ CHOICES = {
     "unifrac": ("unweighted", "weighted"),
     "precision": ("fp32", "bf16", "fp16"),
     "asv_encoder": ("builtin", "torch"),
+    "snapshot": ("host", "device", "off"),  # checks.snapshot.SNAPSHOT_MODES
 }
 
 
@@ -75,6 +76,7 @@ class RunSettings:
     keep_going: bool = False
     explosion_threshold: float = 1e4
     explosion_growth: float = 1e3
+    snapshot: str = "host"  # where the replay's copy of the state lives: host (pinned CPU on CUDA), device, off
     # output
     report: str | None = None
     log: str | None = None
@@ -96,7 +98,7 @@ SECTIONS = {
     "train": ("task", "device", "max_steps", "gradient_accumulation_steps", "lr", "weight_decay", "warmup_steps",
               "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
               "skip_batches", "eval_every", "eval_batches", "eval_samples"),
-    "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth"),
+    "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot"),
     "output": ("report", "log", "plot", "bundle_dir", "bundle"),
 }
 TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
@@ -224,6 +226,9 @@ def validate(s: RunSettings) -> None:
         raise InputError(f"{given} sets up the eval pass, which runs only with --eval-every N; add it.")
     if not 0.0 <= s.dropout < 1.0:
         raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
+    if s.keep_going and s.snapshot == "off":
+        raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
+                         "with --snapshot off there is none: use --snapshot host (or device), or --stop-at-first.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:
             raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

@@ -69,3 +69,18 @@ def test_bench_data_writes_every_section(tmp_path):
         assert data["unifrac"][metric]["max_abs_diff"] < 1e-9
     memory = data["asv_chunk_memory"]
     assert memory["4"]["saved_for_backward_mb"] < memory["None"]["saved_for_backward_mb"]
+
+
+def test_bench_memory_measures_every_mode_in_its_own_process(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_memory.py"), "--device", "cpu", "--sizes",
+                           "tiny", "--modes", "plain,host,off", "--steps", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["results"]] == ["plain", "host", "off"]
+    params = data["results"][0]["params"]
+    assert params == 17_376 and all(r["params"] == params for r in data["results"])  # the same model each time
+    assert all(r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0 and r["cuda_max_allocated_mb"] is None
+               for r in data["results"])
+    assert "x plain" in proc.stdout and "tiny" in proc.stdout

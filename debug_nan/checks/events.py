@@ -85,6 +85,31 @@ def named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], d
     return tensors, scalars
 
 
+def split_foreach(func, args, kwargs) -> list[tuple[tuple, dict]] | None:
+    """A multi-tensor op's call (`_foreach_*`, `_fused_*` such as fused AdamW) as one call per list element:
+    every list argument (Tensor[], Scalar[]) and a 1-D `scalars` tensor of the same length are sliced, empty
+    lists (AdamW's max_exp_avg_sqs without amsgrad) and the rest kept. None when it is not such an op or its
+    lists do not line up. The same kernels on one element each give the same values."""
+    schema = func._schema
+    if not schema.name.split("::")[-1].startswith(("_foreach_", "_fused_")):
+        return None
+    names = [a.name for a in schema.arguments]
+    lists = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, (list, tuple))} - {0}
+    if len(lists) != 1 or min(lists) < 2:
+        return None
+    n = lists.pop()
+
+    def pick(name: str, value, i: int):
+        if isinstance(value, (list, tuple)):
+            return [value[i]] if value else value
+        if name == "scalars" and isinstance(value, torch.Tensor) and value.dim() == 1 and len(value) == n:
+            return value[i:i + 1]
+        return value
+
+    return [(tuple(pick(name, v, i) for name, v in zip(names, args)),
+             {k: pick(k, v, i) for k, v in kwargs.items()}) for i in range(n)]
+
+
 def base_arg_name(name: str) -> str:
     """'self[3]' -> 'self'."""
     return name.split("[", 1)[0]

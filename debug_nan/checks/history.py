@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from debug_nan.checks.watch_result import MicroResult, larger
 
 MAX_RUNS = 16  # step ranges kept per non-finite series; later steps are only counted (memory stays bounded)
+# per-layer values (max |activation| per module, gradient norm per parameter: most of a step's size) are kept for
+# the last RECENT_STEPS steps and, before them, for at most SPARSE_STEPS steps on a stride that doubles as the run
+# grows: memory and the JSON report stay bounded on long runs; every step's scalars are kept
+RECENT_STEPS = 100
+SPARSE_STEPS = 100
 
 
 @dataclass
@@ -28,6 +33,7 @@ class StepRecord:
     peak_memory_mb: float | None = None
     scaler_skipped: bool = False
     micro_batches: int = 0
+    per_layer: bool = True  # False: its per-layer values were dropped (see RECENT_STEPS)
 
     def finish(self) -> None:
         """Sums over the micro-batches run -> means."""
@@ -73,11 +79,40 @@ class History:
     def __init__(self):
         self.steps: list[StepRecord] = []
         self.nonfinite: dict[tuple[str, str], NonfiniteSeries] = {}  # (where, name) -> series, first seen first
+        self.stride = 1  # older steps keep their per-layer values when step % stride == 0
+        self._sparse = 0  # how many steps before the recent window still have them
 
     def begin(self, step: int) -> StepRecord:
         rec = StepRecord(step)
         self.steps.append(rec)
+        if len(self.steps) > RECENT_STEPS:
+            self._thin(self.steps[-RECENT_STEPS - 1])
         return rec
+
+    def _thin(self, leaving: StepRecord) -> None:
+        """A step leaves the recent window: keep its per-layer values only on the stride (doubled, and the older
+        steps thinned to it, when more than SPARSE_STEPS would be kept)."""
+        if leaving.step % self.stride:
+            self._drop(leaving)
+            return
+        self._sparse += 1
+        if self._sparse > SPARSE_STEPS:
+            self.stride *= 2
+            for rec in self.steps[:-RECENT_STEPS]:
+                if rec.per_layer and rec.step % self.stride:
+                    self._drop(rec)
+                    self._sparse -= 1
+
+    @staticmethod
+    def _drop(rec: StepRecord) -> None:
+        rec.activations, rec.grad_norms, rec.per_layer = {}, {}, False
+
+    def kept(self) -> str:
+        """What the history holds, in words (for the JSON report)."""
+        if all(r.per_layer for r in self.steps):
+            return "every step's values, per layer too"
+        return (f"every step's loss, gradient norm, lr, time and memory; per-layer values (max_abs_activation, "
+                f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them")
 
     def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
         rec.micro_batches += 1
@@ -139,6 +174,8 @@ class History:
         return None
 
     def to_dict(self) -> list[dict]:
+        """One dict per step; `max_abs_activation` and `grad_norms` only for the steps that kept them."""
         return [{"step": r.step, "loss": r.loss, "parts": r.parts, "grad_norm": r.grad_norm, "lr": r.lr,
                  "seconds": r.seconds, "peak_memory_mb": r.peak_memory_mb, "scaler_skipped": r.scaler_skipped,
-                 "max_abs_activation": r.activations, "grad_norms": r.grad_norms} for r in self.steps]
+                 **({"max_abs_activation": r.activations, "grad_norms": r.grad_norms} if r.per_layer else {})}
+                for r in self.steps]

@@ -1,8 +1,19 @@
 """The state just before an optimizer step's first micro-batch, so a failing micro-batch can be replayed.
 
-Parameters, buffers and optimizer state are copied on their device into buffers allocated once
-(`_foreach_copy_`), each module's `training` flag is kept (a submodule the user froze in eval mode replays in
-eval mode), the scaler/scheduler state is kept as a dict, and the RNG state is captured before every micro-batch.
+Parameters, buffers and optimizer state are copied into buffers allocated once (`_foreach_copy_`), each module's
+`training` flag is kept (a submodule the user froze in eval mode replays in eval mode), the scaler/scheduler state
+is kept as a dict, and the RNG state is captured before every micro-batch.
+
+Where the copies live (`mode`, the CLI's --snapshot):
+  host    pinned CPU memory. On CUDA the parameters and optimizer state are copied asynchronously on a side stream
+          (non_blocking), which overlaps the step's forward and backward; the optimizer's step pre-hook makes the
+          compute stream wait for that copy (a device-side event wait, no host sync) before the first write of a
+          parameter, and restore() waits on the same event. Buffers (BatchNorm running statistics, written by the
+          forward) are copied on the compute stream, before the forward. No device memory is used.
+  device  copies on the model's device, on the compute stream (fast, but device memory: 2 snapshots x
+          (parameters + buffers + optimizer state)).
+  off     no copy: nothing can be replayed (`kept` is False; restore() raises).
+On the CPU, host and device are the same memory: both keep plain CPU copies.
 """
 
 from __future__ import annotations
@@ -49,23 +60,116 @@ def _restore_scaler(scaler, state: dict | None) -> None:
     scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
 
+SNAPSHOT_MODES = ("host", "device", "off")
+NO_SNAPSHOT = "no snapshot (--snapshot off): the op was not replayed; rerun with --snapshot host to name it."
+
+
+def _holder(t: torch.Tensor, host: bool) -> torch.Tensor:
+    """Uninitialised memory for t's values: pinned CPU memory for a CUDA tensor in host mode, else like t."""
+    if host and t.is_cuda:
+        return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    return torch.empty_like(t.detach())
+
+
+class _Copies:
+    """Copies of a fixed list of tensors, allocated once. `groups` maps a CUDA device to the indices copied from it
+    asynchronously (host mode, `side`), None to those copied in place on the compute stream."""
+
+    def __init__(self, sources: list[torch.Tensor], host: bool, side: bool = True):
+        self.copies = [_holder(t, host) for t in sources]
+        self.groups: dict[torch.device | None, list[int]] = {}
+        for i, t in enumerate(sources):
+            self.groups.setdefault(t.device if host and side and t.is_cuda else None, []).append(i)
+
+    @property
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes on a device other than the CPU, bytes in CPU memory)."""
+        on_cpu = sum(c.numel() * c.element_size() for c in self.copies if c.device.type == "cpu")
+        return sum(c.numel() * c.element_size() for c in self.copies) - on_cpu, on_cpu
+
+
 class Snapshot:
     """save() before each optimizer step; restore() puts model (parameters, buffers, training flags), optimizer,
-    scaler and scheduler back. The optimizer may be None (the API's Monitor without one)."""
+    scaler and scheduler back. The optimizer may be None (the API's Monitor without one). `mode`: where the
+    copies live, one of SNAPSHOT_MODES (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scaler=None,
-                 scheduler=None):
+                 scheduler=None, mode: str = "host"):
+        if mode not in SNAPSHOT_MODES:
+            raise ValueError(f"snapshot mode must be one of {', '.join(SNAPSHOT_MODES)}, got {mode!r}")
         self.model, self.optimizer, self.scaler, self.scheduler = model, optimizer, scaler, scheduler
+        self.mode = mode
+        self.kept = mode != "off"
+        self._host = mode == "host"
         self._params = [p for p in model.parameters()]
-        self._param_copies = [p.detach().clone() for p in self._params]
         # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
         self._buffers = [b for b in model.buffers()]
-        self._buffer_copies = [b.detach().clone() for b in self._buffers]
         self._modules = [m for m in model.modules()]
         self._training: list[bool] = [m.training for m in self._modules]
-        self._state_keys: list[tuple[torch.Tensor, str]] = []
-        self._state_copies: list[torch.Tensor] = []
+        self._state_keys: list[tuple[int, str]] = []
+        self._param_copies = self._buffer_copies = self._state = None  # _Copies, None when off
         self._other_state: dict = {}
+        self._side: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
+        self._pending: set[torch.device] = set()
+        if not self.kept:
+            return
+        # asynchronous only when the optimizer's pre-hook can fence the copy: without an optimizer (the API's
+        # Monitor without one) whoever updates the parameters is unknown, so the copy is queued on the compute stream
+        self._param_copies = _Copies([p.detach() for p in self._params], self._host, side=optimizer is not None)
+        # buffers are written by the forward, right after save(): they go on the compute stream, in its order
+        self._buffer_copies = _Copies([b.detach() for b in self._buffers], self._host, side=False)
+        if optimizer is not None and any(device is not None for device in self._param_copies.groups):
+            # the first write of a parameter or a state is the optimizer step: it waits for the copy there
+            self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait())
+
+    @property
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes the copies hold on a GPU, bytes in CPU memory) for parameters, buffers and optimizer state."""
+        parts = [c.nbytes for c in (self._param_copies, self._buffer_copies, self._state) if c is not None]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def describe(self) -> str:
+        """One line for the log: where the copies live."""
+        if not self.kept:
+            return "off: no copy is kept; a trip gives the watch's finding without replaying the op"
+        device = self._params[0].device if self._params else torch.device("cpu")
+        if device.type == "cpu":
+            return f"{self.mode}: on the CPU, host and device are the same memory (plain CPU copies)"
+        if self._host:
+            return "host: pinned CPU memory, copied asynchronously on a side stream (no device memory)"
+        return f"device: copies in {device} memory"
+
+    # -- copying -----------------------------------------------------------------------------------------------
+    def _copy_out(self, saved: _Copies, sources: list[torch.Tensor]) -> None:
+        """sources -> saved: CUDA -> pinned host copies on a side stream, after everything queued so far on the
+        compute stream (an event marks their end); the rest in place on the compute stream."""
+        for device, idx in saved.groups.items():
+            whole = len(idx) == len(sources)
+            dst = saved.copies if whole else [saved.copies[i] for i in idx]
+            src = sources if whole else [sources[i] for i in idx]
+            if device is None:  # a device -> pinned host copy here is queued too (no host sync), in stream order
+                torch._foreach_copy_(dst, src, non_blocking=self._host)
+                continue
+            if device not in self._side:
+                self._side[device] = (torch.cuda.Stream(device), torch.cuda.Event())
+            stream, done = self._side[device]
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                torch._foreach_copy_(dst, src, non_blocking=True)
+            done.record(stream)
+            self._pending.add(device)
+
+    def wait(self) -> None:
+        """Make the compute stream wait until the pending host copies are done: an event wait on the device, not
+        a host sync. Called by the optimizer's step pre-hook (before the first write of a parameter) and by
+        restore()."""
+        for device in self._pending:
+            torch.cuda.current_stream(device).wait_event(self._side[device][1])
+        self._pending.clear()
+
+    def _check_kept(self) -> None:
+        if not self.kept:
+            raise RuntimeError("no snapshot is kept (--snapshot off): there is nothing to restore")
 
     def _state_tensors(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         out = []
@@ -78,17 +182,20 @@ class Snapshot:
         return out
 
     def save(self) -> None:
+        if not self.kept:
+            return
         with torch.no_grad():
-            torch._foreach_copy_(self._param_copies, [p.detach() for p in self._params])
-            for saved, b in zip(self._buffer_copies, self._buffers):
-                saved.copy_(b)
+            if self._buffers:
+                torch._foreach_copy_(self._buffer_copies.copies, [b.detach() for b in self._buffers],
+                                     non_blocking=self._host)
+            self._copy_out(self._param_copies, [p.detach() for p in self._params])
             state = self._state_tensors()
             keys = [(id(p), k) for p, k, _ in state]
             if keys != self._state_keys:  # first step with state (or a new param group): allocate once
                 self._state_keys = keys
-                self._state_copies = [v.detach().clone() for _, _, v in state]
-            elif state:
-                torch._foreach_copy_(self._state_copies, [v.detach() for _, _, v in state])
+                self._state = _Copies([v.detach() for _, _, v in state], self._host)
+            if state:
+                self._copy_out(self._state, [v.detach() for _, _, v in state])
         self._training = [m.training for m in self._modules]
         opt_state = self.optimizer.state if self.optimizer is not None else {}
         self._other_state = {
@@ -103,12 +210,15 @@ class Snapshot:
         }
 
     def restore(self) -> None:
+        self._check_kept()
+        self.wait()
         for m, training in zip(self._modules, self._training):
             m.training = training  # the flag alone: a module's train() override is not re-run mid-step
         with torch.no_grad():
-            torch._foreach_copy_([p.data for p in self._params], self._param_copies)
-            for b, saved in zip(self._buffers, self._buffer_copies):
-                b.copy_(saved)
+            # host -> device from pinned memory, queued on the compute stream: ordered before what follows
+            for live, saved in ((self._params, self._param_copies), (self._buffers, self._buffer_copies)):
+                if live:
+                    torch._foreach_copy_([t.data for t in live], saved.copies, non_blocking=self._host)
         for p in self._params:
             p.grad = None
         if self.optimizer is not None:
@@ -123,9 +233,9 @@ class Snapshot:
                 if id(p) not in self._other_state["had_state"]:
                     self.optimizer.state.pop(p, None)
             by_id = {id(p): p for p in self._params}
-            for (pid, key), saved in zip(self._state_keys, self._state_copies):
+            for (pid, key), saved in zip(self._state_keys, self._state.copies if self._state else []):
                 if pid in self._other_state["had_state"]:
-                    self.optimizer.state[by_id[pid]][key].copy_(saved)
+                    self.optimizer.state[by_id[pid]][key].copy_(saved, non_blocking=self._host)
             for p in self._params:
                 for k, v in self._other_state["optimizer_nontensor"].get(id(p), {}).items():
                     self.optimizer.state[p][k] = copy.deepcopy(v)
@@ -135,6 +245,7 @@ class Snapshot:
     def state_dicts(self) -> dict:
         """Model, optimizer, scaler and scheduler state and the training flags as of save(), on the CPU (for a
         repro bundle). It restores the snapshot to read them: call it when the live state is no longer needed."""
+        self._check_kept()
         self.restore()
 
         def cpu(obj):

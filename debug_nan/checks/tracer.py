@@ -30,7 +30,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 
 from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
-                                     named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf)
+                                     named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf,
+                                     split_foreach)
 from debug_nan.checks.module_context import ORIGIN_TAG, TAG, ModuleContext
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.checks.stats import flat_tensors
@@ -193,6 +194,15 @@ class Tracer(TorchDispatchMode):
         if info.name in UNINITIALISED:  # garbage by definition; what is written into it later is judged
             return func(*args, **kwargs)
         written, before = [], None
+        if info.mutable and not info.overwriting:
+            # judging an in-place op needs its destinations' values from before it: for a foreach op over a whole
+            # optimizer's lists (AdamW's exp_avgs, params), one element at a time, so the copy is one tensor's size
+            calls = split_foreach(func, args, kwargs)
+            if calls is not None:
+                self.ops_seen -= 1  # each element is traced (and counted) as an op of its own
+                for sub_args, sub_kwargs in calls:
+                    self.__torch_dispatch__(func, types, sub_args, sub_kwargs)
+                return None
         if info.mutable:  # an in-place op overwrites its input: judge the inputs as they were before it ran
             tensors, _ = named_tensors(func, args, kwargs)
             written = [t for n, t in tensors if base_arg_name(n) in info.written]

@@ -112,6 +112,7 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "debug_nan": debug_nan.__version__,
         "settings": settings.to_dict(),
         "history": result.history.to_dict(),
+        "history_kept": result.history.kept(),  # bounded on long runs: what the per-layer series keep
         "notes": result.notes,
         "recipe": result.recipe,
     }

@@ -25,10 +25,10 @@ from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import Finding, explosion_finding, watch_only_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng
+from debug_nan.checks.snapshot import NO_SNAPSHOT, Snapshot, capture_rng
 from debug_nan.checks.stats import capture_batch, move_to
 from debug_nan.checks.watch import Watch
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_exception
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.checkpoint import resume, skip_batches
@@ -81,7 +81,9 @@ class Trainer:
         self.watch = Watch(self.model, self.optimizer)
         self.watch.detailed = settings.trace_every_step
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
-        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler) for _ in range(2)]
+        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
+                          for _ in range(2)]
+        log(f"  snapshot {self.snapshots[0].describe()}")
         self.pinpointer = Pinpointer(self)
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
         self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
@@ -309,7 +311,10 @@ class Trainer:
         return self.pinpoint(o)
 
     def gradients_finite_without_scale(self, o: MicroOutcome) -> bool:
-        """fp16: the gradients are finite when the same micro-batches run without the loss scale."""
+        """fp16: the gradients are finite when the same micro-batches run without the loss scale. With
+        --snapshot off nothing can be re-run: the trip counts as the scaler's overflow, as GradScaler takes it."""
+        if not o.inputs.snapshot.kept:
+            return True
         return self.precision.may_overflow() and self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
     def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
@@ -321,6 +326,8 @@ class Trainer:
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
         repro bundle is written here, by the rank that pinpointed."""
+        if not self.snapshots[0].kept and not (o.check is not None and o.check.kind == "data"):
+            return self.unreplayed(o)
         if o.check is not None and o.check.kind == "param":
             if o.previous is None:
                 return None
@@ -350,6 +357,15 @@ class Trainer:
                                                why=f"the op-level replay was interrupted ({what}) before it named "
                                                    f"the op.")
         return interrupt
+
+    def unreplayed(self, o: MicroOutcome) -> Finding:
+        """--snapshot off: the watch's finding, without the op (there is no state to replay from)."""
+        param = o.check is not None and o.check.kind == "param" and o.previous is not None
+        inputs, micro = (o.previous, self.accumulation_steps) if param else (o.inputs, o.micro)
+        self.log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {NO_SNAPSHOT}", "red")
+        if o.check is None:
+            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {NO_SNAPSHOT}")
+        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, self.model, why=NO_SNAPSHOT)
 
     def check_explosion(self, record: StepRecord) -> Finding | None:
         hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)
