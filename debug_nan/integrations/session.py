@@ -32,7 +32,7 @@ from debug_nan.integrations.ddp import decide_across_ranks
 from debug_nan.report.bundle import write_bundle
 from debug_nan.settings import RunSettings
 from debug_nan.train.distributed import agree, average_gradients
-from debug_nan.train.loop import Trainer
+from debug_nan.train.repro import repro_state
 
 HISTORY_STEPS = 50  # steps kept for the report and the explosion check: a long run must not grow without bound
 
@@ -173,7 +173,7 @@ class FrameworkMonitor(Monitor):
             return
         try:
             # the CLI's repro_state: it needs only accumulation_steps, s and device from its driver
-            state = Trainer.repro_state(self, inputs, micro, finding, check, optimizer)
+            state = repro_state(self, inputs, micro, finding, check, optimizer)
             finding.bundle = str(write_bundle(self.bundle_dir, state))
             self.log(f"  [bundle] repro bundle written: {finding.bundle}"
                      + (f" (debug-nan replay {finding.bundle})" if self.s.task else ""))

@@ -25,7 +25,7 @@ REQUIRED_KEYS = ("settings", "step", "micro", "optimizer_phase", "check", "batch
 
 
 def write_bundle(directory: str | Path, state: dict) -> Path:
-    """Write `state` (Trainer.repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in `directory`
+    """Write `state` (train.repro.repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in `directory`
     (OutputWriteError, naming the folder and the reason, when it cannot: a full disk, a read-only folder)."""
     directory = Path(directory)
     try:

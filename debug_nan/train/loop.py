@@ -6,9 +6,8 @@ for each optimizer step:
         one host sync: did anything go non-finite? -> pinpoint it (replay under the tracer), stop
     clip, optimizer step, schedule, watch the parameters (checked at the next sync)
 
-The fp16 policy lives in precision.py, the DDP agreement in agreement.py, what the task asked to train with in
-recipe.py; the log lines are the observer's (report/step_line.py). The Trainer is the pinpointer's StepDriver.
-"""
+Elsewhere: the fp16 policy (precision.py), the DDP agreement (agreement.py), the task's recipe (recipe.py), the
+log lines (report/step_line.py). The Trainer is the pinpointer's StepDriver."""
 
 from __future__ import annotations
 
@@ -22,13 +21,13 @@ import torch
 from tqdm import tqdm
 
 from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
-from debug_nan.checks.finding import Finding, explosion_finding, watch_only_finding
+from debug_nan.checks.finding import Finding, explosion_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import NO_SNAPSHOT, Snapshot, capture_rng
+from debug_nan.checks.snapshot import Snapshot, capture_rng
 from debug_nan.checks.stats import capture_batch, move_to
 from debug_nan.checks.watch import Watch
-from debug_nan.errors import InputError, describe_exception
+from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.checkpoint import resume, skip_batches
@@ -39,11 +38,8 @@ from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepOb
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
 from debug_nan.train.repro import repro_state
+from debug_nan.train.unreplayed import InterruptedPinpoint, interrupted_pinpoint, unreplayed_finding
 from debug_nan.train.task import Task, eager_module, micro_batches, split_loss
-
-
-class InterruptedPinpoint(KeyboardInterrupt):
-    """An interrupt during the pinpoint replay, carrying the watch-only finding of the trip that started it."""
 
 
 class Trainer:
@@ -327,7 +323,7 @@ class Trainer:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
         repro bundle is written here, by the rank that pinpointed."""
         if not self.snapshots[0].kept and not (o.check is not None and o.check.kind == "data"):
-            return self.unreplayed(o)
+            return unreplayed_finding(o, self.accumulation_steps, self.model, self.log)
         if o.check is not None and o.check.kind == "param":
             if o.previous is None:
                 return None
@@ -340,36 +336,17 @@ class Trainer:
             except KeyboardInterrupt as exc:
                 if o.check is None:
                     raise
-                raise self.interrupted_pinpoint(exc, inputs, micro, o.check) from None
+                raise interrupted_pinpoint(exc, inputs, micro, o.check, self.model) from None
         if finding is not None and self.save_repro is not None:
             try:
-                finding.bundle = self.save_repro(self.repro_state(inputs, micro, finding, o.check, optimizer))
+                finding.bundle = self.save_repro(repro_state(self, inputs, micro, finding, o.check, optimizer))
                 self.log(f"  [bundle] repro bundle written: {finding.bundle} (debug-nan replay {finding.bundle})")
             except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
                 self.log(f"  [bundle] could not write the repro bundle: {type(exc).__name__}: {exc}", "yellow")
         return finding
 
-    def interrupted_pinpoint(self, exc: KeyboardInterrupt, inputs: StepInputs, micro: int, check):
-        """Ctrl-C / SIGTERM during the replay: the watch's trip stays a finding (watch-only, with a note)."""
-        what = exc.args[0] if exc.args else "Ctrl-C"
-        interrupt = InterruptedPinpoint(*exc.args)
-        interrupt.finding = watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.model,
-                                               why=f"the op-level replay was interrupted ({what}) before it named "
-                                                   f"the op.")
-        return interrupt
-
-    def unreplayed(self, o: MicroOutcome) -> Finding:
-        """--snapshot off: the watch's finding, without the op (there is no state to replay from)."""
-        param = o.check is not None and o.check.kind == "param" and o.previous is not None
-        inputs, micro = (o.previous, self.accumulation_steps) if param else (o.inputs, o.micro)
-        self.log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {NO_SNAPSHOT}", "red")
-        if o.check is None:
-            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {NO_SNAPSHOT}")
-        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, self.model, why=NO_SNAPSHOT)
-
     def check_explosion(self, record: StepRecord) -> Finding | None:
-        hit = self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)
-        if hit is None:
+        if (hit := self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)) is None:
             return None
         self.log(f"  [watch] TRIP at step {record.step}: gradient norm {record.grad_norm:.4g} (explosion)", "red")
         return explosion_finding(record, hit[1], self.history.steps, self.accumulation_steps,
@@ -381,6 +358,3 @@ class Trainer:
         bad_update = finding.phase == "optimizer" and previous is not None
         (previous if bad_update else inputs).snapshot.restore()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def repro_state(self, inputs: StepInputs, micro: int, finding: Finding, check, optimizer_phase: bool) -> dict:
-        return repro_state(self, inputs, micro, finding, check, optimizer_phase)

@@ -1,0 +1,33 @@
+"""Findings of a trip that the op-level replay could not name: interrupted (Ctrl-C / SIGTERM during the replay)
+or impossible (--snapshot off: no state to replay from). The watch's check stands, without the op."""
+
+from __future__ import annotations
+
+from debug_nan.checks.driver import StepInputs, TaskFailure
+from debug_nan.checks.finding import Finding, watch_only_finding
+from debug_nan.checks.snapshot import NO_SNAPSHOT
+from debug_nan.errors import describe_exception
+from debug_nan.train.outcome import MicroOutcome
+
+
+class InterruptedPinpoint(KeyboardInterrupt):
+    """An interrupt during the pinpoint replay, carrying the watch-only finding of the trip that started it."""
+
+
+def interrupted_pinpoint(exc: KeyboardInterrupt, inputs: StepInputs, micro: int, check, model) -> InterruptedPinpoint:
+    """Ctrl-C / SIGTERM during the replay: the watch's trip stays a finding (watch-only, with a note)."""
+    what = exc.args[0] if exc.args else "Ctrl-C"
+    interrupt = InterruptedPinpoint(*exc.args)
+    interrupt.finding = watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, model,
+                                           why=f"the op-level replay was interrupted ({what}) before it named the op.")
+    return interrupt
+
+
+def unreplayed_finding(o: MicroOutcome, accumulation_steps: int, model, log) -> Finding:
+    """--snapshot off: the watch's finding, without the op (there is no state to replay from)."""
+    param = o.check is not None and o.check.kind == "param" and o.previous is not None
+    inputs, micro = (o.previous, accumulation_steps) if param else (o.inputs, o.micro)
+    log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {NO_SNAPSHOT}", "red")
+    if o.check is None:
+        raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {NO_SNAPSHOT}")
+    return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, model, why=NO_SNAPSHOT)
