@@ -188,7 +188,7 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
         distributed.agree_on_setup(ctx, device, failure)  # raises on every rank when any rank failed
     trainer = Trainer(task, s, log, device, ctx)
     log(f"  {trainer.recipe.line()}")
-    trainer.observer = StepLines(log, s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
+    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
     if s.bundle:
         folder = output_folder(s)
         trainer.save_repro = lambda state: str(write_bundle(folder, state))

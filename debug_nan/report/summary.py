@@ -23,7 +23,8 @@ def _wrap(label: str, text: str, width: int = 100) -> list[str]:
 
 def finding_lines(f: Finding) -> list[str]:
     lines = []
-    lines += _wrap("where", f"step {f.step}, micro-batch {f.micro_step}, phase {f.phase}"
+    batch = "held-out batch" if f.phase == "eval" else "micro-batch"  # an eval finding: the pass after step S
+    lines += _wrap("where", f"step {f.step}, {batch} {f.micro_step}, phase {f.phase}"
                    + (f", rank {f.rank} (first to see it: rank(s) {', '.join(map(str, f.first_ranks))})"
                       if f.rank is not None else ""))
     if f.phase not in ("data", "loss"):
