@@ -33,7 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from debug_nan.api import NonFiniteError
 from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
-from debug_nan.integrations.outputs import Outputs, run_settings
+from debug_nan.integrations.outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.train.task import split_loss
 
@@ -103,7 +103,7 @@ class HFMonitor(FrameworkMonitor):
         self.watch_loss(loss if self.loss_is_scaled_for_accumulation() else loss * self.step_micro_batches)
 
 
-class DebugNaNCallback(TrainerCallback):
+class DebugNaNCallback(CallbackOutcome, TrainerCallback):
     """Watch every training micro-batch of `trainer`; on the first NaN/Inf (or gradient explosion) pinpoint its
     origin, print the summary, write the JSON report and the repro bundle, and stop training.
 
@@ -124,14 +124,6 @@ class DebugNaNCallback(TrainerCallback):
         self.task, self.explosion = task, (explosion_threshold, explosion_growth)
         self.monitor: HFMonitor | None = None
         self._first = True
-
-    @property
-    def finding(self):
-        return self.monitor.findings[0] if self.monitor is not None and self.monitor.findings else None
-
-    @property
-    def status(self) -> str | None:
-        return self.outputs.result.status if self.outputs.result is not None else None
 
     # -- Trainer events ----------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):

@@ -33,7 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from debug_nan.api import NonFiniteError
 from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
-from debug_nan.integrations.outputs import Outputs, run_settings
+from debug_nan.integrations.outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.train.task import split_loss
 
@@ -94,7 +94,7 @@ class LightningMonitor(FrameworkMonitor):
         return loss / self.scaler._scale if self.scaler is not None else loss
 
 
-class DebugNaNCallback(pl.Callback):
+class DebugNaNCallback(CallbackOutcome, pl.Callback):
     """Watch every training micro-batch; on the first NaN/Inf (or gradient explosion) pinpoint its origin, print
     the summary, write the JSON report and the repro bundle, and stop training.
 
@@ -113,14 +113,6 @@ class DebugNaNCallback(pl.Callback):
         self.task, self.explosion = task, (explosion_threshold, explosion_growth)
         self.monitor: LightningMonitor | None = None
         self._stepping = False
-
-    @property
-    def finding(self):
-        return self.monitor.findings[0] if self.monitor is not None and self.monitor.findings else None
-
-    @property
-    def status(self) -> str | None:
-        return self.outputs.result.status if self.outputs.result is not None else None
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

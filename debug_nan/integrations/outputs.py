@@ -89,6 +89,22 @@ class Outputs:
         return result
 
 
+class CallbackOutcome:
+    """What a framework callback answers after training: `.finding` (the first Finding or None) and `.status`
+    ("clean" | "nonfinite" | "error"), from its `monitor` and `outputs`."""
+
+    monitor = None
+    outputs: Outputs
+
+    @property
+    def finding(self):
+        return self.monitor.findings[0] if self.monitor is not None and self.monitor.findings else None
+
+    @property
+    def status(self) -> str | None:
+        return self.outputs.result.status if self.outputs.result is not None else None
+
+
 def _rank_path(path: str, rank: int) -> str:
     """Another rank writing alone (user code raised there): report.json -> report.rank1.json."""
     p = Path(path)
