@@ -56,12 +56,18 @@ def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[st
         top = sorted(record.grad_norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)[:3]
         out.append(("  [grads] largest: " + ", ".join(f"{n} {v:.3g}" for n, v in top), None))
     if record.activations:
-        name, value = max(record.activations.items(), key=lambda kv: kv[1])
-        out.append((f"  [acts]  {len(record.activations)} module outputs finite; largest |x| {value:.4g} in "
-                    f"{name or '<model>'}", None))
+        finite = {n: v for n, v in record.activations.items() if math.isfinite(v)}
+        held = len(record.activations) - len(finite)  # outputs holding NaN/Inf on purpose (masks): notes, not trips
+        line = f"  [acts]  {len(record.activations)} module outputs watched"
+        if finite:
+            name, value = max(finite.items(), key=lambda kv: kv[1])
+            line += f"; largest finite |x| {value:.4g} in {name or '<model>'}"
+        if held:
+            line += f"; {held} held NaN/Inf (see the notes at the end)"
+        out.append((line, None))
     if record.scaler_skipped:
         out.append(("  [ok] module outputs and loss finite; gradients overflowed the fp16 loss scale (step skipped)",
                     None))
     else:
-        out.append(("  [ok] every module output, the loss and every gradient are finite", "green"))
+        out.append(("  [ok] the loss and every gradient are finite", "green"))
     return out

@@ -75,7 +75,7 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C") -
     if result.interrupted:
         log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}, exit {code}); what ran until then:")
     if result.status == "clean":
-        log(f"  status       CLEAN: {result.steps_run} step(s) ran, every module output, loss, gradient and "
+        log(f"  status       CLEAN: {result.steps_run} step(s) ran, the loss, every gradient and every "
             f"parameter stayed finite ({elapsed:.1f} s).", "green")
     elif result.status == "error":
         log(f"  status       ERROR after {result.steps_run} step(s) (exit {code})", "red")
