@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from debug_nan.checks.watch_result import MicroResult, larger
 
+MAX_NOTES = 10  # outputs that never reached harm, listed one per line in the summary
 MAX_RUNS = 16  # step ranges kept per non-finite series; later steps are only counted (memory stays bounded)
 # per-layer values (max |activation| per module, gradient norm per parameter: most of a step's size) are kept for
 # the last RECENT_STEPS steps and, before them, for at most SPARSE_STEPS steps on a stride that doubles as the run
@@ -147,17 +148,24 @@ class History:
         if not self.steps:
             return []
         first, last = self.steps[0].step, self.steps[-1].step
-        notes = []
+        quiet, harmed = [], []
         for series in self.nonfinite.values():
             held = " and ".join(k for k in ("nan", "+inf", "-inf") if k in series.held)
             line = (f"`{series.name or '<model>'}` {series.where} holds {held.replace('nan', 'NaN')} "
                     f"{series.describe_steps(first, last)}")
             if series.harmed:
-                line += (f"; in step {', '.join(map(str, series.harmed))} the loss, a gradient or a parameter also "
-                         f"went non-finite (see the finding)")
+                harmed.append((series, line + f"; in step {', '.join(map(str, series.harmed))} the loss, a gradient "
+                                              f"or a parameter also went non-finite (see the finding)"))
             else:
-                line += "; it never reached the loss, a gradient or a parameter"
-            notes.append(line)
+                quiet.append(line + "; it never reached the loss, a gradient or a parameter")
+        notes = quiet[:MAX_NOTES] + ([f"... and {len(quiet) - MAX_NOTES} more outputs like these"]
+                                     if len(quiet) > MAX_NOTES else [])
+        if len(harmed) <= 3:
+            notes += [line for _, line in harmed]
+        else:  # downstream of a finding, NaN spreads through every later module: one line, not one per module
+            names = ", ".join(f"`{series.name or '<model>'}`" for series, _ in harmed[:3])
+            notes.append(f"{len(harmed)} module outputs / batch keys held NaN/Inf in the step(s) of the finding "
+                         f"(downstream of it), e.g. {names}")
         return notes
 
     def explosion(self, threshold: float, growth: float) -> tuple[StepRecord, float] | None:

@@ -81,3 +81,19 @@ def test_explosion_history_uses_the_gradient_l2_norms():
     rec, floor = h.explosion(threshold=1e4, growth=1e3)
     assert rec.step == 3 and floor == 1.0
     assert h.steps[2].grad_norms == {"a.weight": 3e4, "b.weight": 4e4}
+
+
+def test_nan_spreading_downstream_of_a_finding_is_one_note_not_one_per_module():
+    h = History()
+    layers = {f"layer{i}": (math.nan, math.nan) for i in range(40)}
+    run(h, range(1, 2), lambda s: result(layers, loss=math.nan))
+    assert h.nonfinite_notes() == ["40 module outputs / batch keys held NaN/Inf in the step(s) of the finding "
+                                   "(downstream of it), e.g. `layer0`, `layer1`, `layer2`"]
+
+
+def test_harmless_outputs_are_listed_up_to_a_bound():
+    h = History()
+    run(h, range(1, 3), lambda s: result({f"mask{i}": (-math.inf, 0.0) for i in range(13)}))
+    notes = h.nonfinite_notes()
+    assert len(notes) == 11 and notes[0].startswith("`mask0` output holds -inf in every step (1..2)")
+    assert notes[-1] == "... and 3 more outputs like these"
