@@ -76,15 +76,8 @@ class Monitor:
     def average_gradients(self) -> None:
         pass  # a single process
 
-    @contextmanager
     def watch_paused(self):
-        was = self.watch.enabled
-        self.watch.enabled = False
-        try:
-            yield
-        finally:
-            self.watch.enabled = was
-            self.watch.discard()
+        return self.watch.paused()
 
     # -- the user's side ---------------------------------------------------------------------------------------
     def watch_loss(self, loss) -> None:

@@ -15,6 +15,7 @@ outputs and batch tensors are recorded, not tripped on (see MicroResult.first_ha
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from collections.abc import Callable
 
 import numpy as np
@@ -119,6 +120,18 @@ class Watch:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    @contextmanager
+    def paused(self):
+        """Record nothing inside (a replay runs the model again), then forget what was recorded and restore the
+        previous state."""
+        was = self.enabled
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = was
+            self.discard()
 
     def discard(self) -> None:
         """Forget everything recorded since the last sync."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -111,14 +111,8 @@ class Trainer:
         if self.dist is not None:
             average_gradients(self.watch.named_params, self.dist)
 
-    @contextmanager
     def watch_paused(self):
-        self.watch.enabled = False
-        try:
-            yield
-        finally:
-            self.watch.enabled = True
-            self.watch.discard()
+        return self.watch.paused()
 
     def clip_and_step(self, grad_norms: list[torch.Tensor] | None) -> None:
         """Clip with the norms the watch already computed (no second pass), then step (the scaler may skip)."""
