@@ -19,8 +19,7 @@ from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import StepRecord
 from debug_nan.checks.watch import ABORT_CODE, CODE_PHASE, PHASE_CODE
 from debug_nan.errors import InputError, describe_exception
-from debug_nan.train.distributed import (DistContext, agree, average_gradients,
-                                         broadcast)
+from debug_nan.train.distributed import DistContext, agree, broadcast
 from debug_nan.train.outcome import MicroOutcome
 
 
@@ -101,11 +100,11 @@ class RankAgreement:
             outcome.rank, outcome.first_ranks = src, first
         return outcome
 
-    def average_gradients(self, named_params: list[tuple[str, torch.nn.Parameter]], record: StepRecord
-                          ) -> list[torch.Tensor]:
-        """Average the gradients (nothing tripped anywhere, so every rank is here), then read their global norms
-        for the history, the explosion check and clipping, identical on every rank."""
-        named = average_gradients(named_params, self.ctx)
+    def gradient_norms(self, named_params: list[tuple[str, torch.nn.Parameter]], record: StepRecord
+                       ) -> list[torch.Tensor]:
+        """The norms of the averaged gradients (train/overlap.py averaged them during the backward), for the
+        history, the explosion check and clipping: identical on every rank."""
+        named = [(n, p) for n, p in named_params if p.grad is not None]
         norms = torch._foreach_norm([p.grad for _, p in named])
         values = torch.stack([n.double() for n in norms]).cpu().tolist()  # one more sync per step, DDP only
         record.grad_norms = {name: v for (name, _), v in zip(named, values)}

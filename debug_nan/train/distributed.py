@@ -7,10 +7,11 @@ the device, folded into the watch's single host sync: every rank stops at the sa
 rank(s) saw the non-finite value first (the earliest phase wins). That rank replays and pinpoints without
 collectives; the finding is broadcast, and rank 0 writes the log and the report.
 
-To be deadlock-free whatever user code does, backward always runs under DDP's no_sync() (and DDP does not
-broadcast buffers in forward): the only collectives are the agreement, which every rank reaches even after an
-exception, and, once all agreed that nothing tripped, one flat gradient all-reduce per dtype at the end of the
-step. The price is that gradient communication no longer overlaps the backward pass.
+To be deadlock-free whatever user code does, DDP's own reducer stays idle (every backward runs under no_sync(),
+and DDP does not broadcast buffers in forward). The gradients are averaged by train/overlap.py during the backward
+of each step's last micro-batch, as DDP would, with a fixed set of bucket all-reduces that every rank issues in the
+same order even when its forward or backward raised; then comes the agreement. `average_gradients` below is the
+plain, end-of-step averaging that an optimizer-phase replay uses.
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ def init(ctx: DistContext, device_spec: str, timeout_s: float = 300.0) -> torch.
         dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if use_cuda else {}))
     return device
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The model in DDP, as the user's run has it (parameters and buffers broadcast from rank 0 once), without
+    DDP's buffer broadcast in every forward: a collective there would strand the other ranks when one raises."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   **({"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}))
 
 
 def agree(local_code: torch.Tensor, ctx: DistContext) -> torch.Tensor:

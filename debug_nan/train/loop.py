@@ -33,7 +33,8 @@ from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.checkpoint import resume, skip_batches
 from debug_nan.train.device import resolve_device
 from debug_nan.train.evaluate import EvalPass
-from debug_nan.train.distributed import DistContext, average_gradients
+from debug_nan.train.distributed import DistContext, average_gradients, wrap_ddp
+from debug_nan.train.overlap import OverlappedAllReduce
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
@@ -60,11 +61,7 @@ class Trainer:
         self.wrapped = self.model  # what the training step calls: DDP under torchrun
         self.agreement = None
         if dist_ctx is not None:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.wrapped = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False)
+            self.wrapped = wrap_ddp(self.model, self.device)
             self.agreement = RankAgreement(dist_ctx, self.device, log)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
         self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
@@ -76,6 +73,9 @@ class Trainer:
         self.accumulation_steps = settings.gradient_accumulation_steps
         self.watch = Watch(self.model, self.optimizer)
         self.watch.detailed = settings.trace_every_step
+        # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
+        self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
+            if dist_ctx is not None else None
         # two snapshots: the parameter check of step k runs at the first sync of step k + 1
         self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
                           for _ in range(2)]
@@ -224,8 +224,8 @@ class Trainer:
             self.log(self.precision.skip_step())
             self.step_schedule()
         else:
-            if self.agreement is not None:
-                grad_norms = self.agreement.average_gradients(self.watch.named_params, record)
+            if self.agreement is not None:  # averaged already, during the backward: their global norms
+                grad_norms = self.agreement.gradient_norms(self.watch.named_params, record)
             finding = self.check_explosion(record)
             if finding is not None:
                 return finding, inputs
@@ -245,9 +245,11 @@ class Trainer:
         carried through the same agreement as a trip, so that no rank is left waiting in a collective."""
         outcome = MicroOutcome(inputs, micro, record=record, previous=previous)
         last = micro == self.accumulation_steps
-        # under DDP every backward runs in no_sync(): the ranks first agree that nothing tripped, and only then
-        # are the gradients all-reduced (agreement.average_gradients), so a rank that raised never strands others
+        # DDP's own reducer stays idle (no_sync): on the last micro-batch train/overlap.py averages the gradients
+        reducer = self.reducer if last else None
         no_sync = self.wrapped.no_sync() if self.dist is not None else nullcontext()
+        if reducer is not None:
+            reducer.arm()  # before anything can raise: finish() below then issues this step's all-reduces
         try:
             batch = self.next_batch(stream, inputs, micro)
             with no_sync:
@@ -255,8 +257,9 @@ class Trainer:
                 loss, parts = self.compute_loss(batch)
                 self.watch.watch_loss(loss, parts)
                 self.backward(loss)
-            if last:
+            if last and reducer is None:
                 self.precision.unscale(self.optimizer)
+            # this rank's own gradients (under DDP not yet averaged): the trip says which rank saw a NaN first
             outcome.grad_norms = self.watch.watch_grads()
         except (InputError, KeyboardInterrupt) as exc:
             if self.dist is None:
@@ -265,10 +268,12 @@ class Trainer:
         except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
             if is_out_of_memory(exc) and self.dist is None:
                 raise
-            if is_out_of_memory(exc):
-                outcome.abort = exc
-            else:
-                outcome.error = exc
+            outcome.abort, outcome.error = (exc, None) if is_out_of_memory(exc) else (None, exc)
+        if reducer is not None:  # every rank, whatever happened above: the step's all-reduces, then the fp16 unscale
+            if (warning := reducer.finish()) is not None:
+                self.log(warning, "yellow")
+            if outcome.error is None and outcome.abort is None:
+                self.precision.unscale(self.optimizer)
         result = self.watch.sync(self.agree_codes, raised=outcome.error is not None, abort=outcome.abort is not None)
         if outcome.abort is None:
             self.history.add_micro(record, result, last)
