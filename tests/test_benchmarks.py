@@ -84,3 +84,16 @@ def test_bench_memory_measures_every_mode_in_its_own_process(tmp_path):
     assert all(r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0 and r["cuda_max_allocated_mb"] is None
                for r in data["results"])
     assert "x plain" in proc.stdout and "tiny" in proc.stdout
+
+
+def test_bench_ddp_times_every_mode_on_two_ranks(tmp_path):
+    out = tmp_path / "ddp.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_ddp.py"), "--model", "deep", "--accumulate",
+                           "2", "--repeats", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert set(data["ratio_to_plain"]) == {"plain_ddp", "watch", "watch_at_end"}
+    assert data["ratio_to_plain"]["plain_ddp"] == 1.0 and all(v > 0 for v in data["ms_per_step"].values())
+    assert data["buckets"] >= 1 and all(len(v) == 2 for v in data["samples_ms"].values())
+    assert "watch_at_end" in proc.stdout
