@@ -376,3 +376,37 @@ def ddp_optimizer_overflow():
     batches = [{"x": torch.ones(4, D)}, {"x": torch.full((4, D), 1e18)}]
     return SimpleNamespace(model=nn.Linear(D, 1, bias=False), batches=batches, loss=lambda m, b: m(b["x"]).sum(),
                            optimizer=lambda params: torch.optim.SGD(params, lr=1e25))
+
+
+class _FailingBackward(torch.autograd.Function):
+    """Identity forward; its backward raises (a custom kernel failing half-way through the backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("custom backward kernel failed")
+
+
+def ddp_backward_raises():
+    """2 ranks: rank 1's second micro-batch raises in the middle of its backward, after the gradients of the
+    layers behind it were sent. Rank 0 must not hang in a gradient all-reduce."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(12)
+    batches = [{"x": torch.randn(4, D, generator=g)} for _ in range(4)]
+    batches[3]["fail"] = True
+    return SimpleNamespace(model=_TwoHalves(), batches=batches,
+                           loss=lambda m, b: m(b["x"], fail=b.get("fail", False)).pow(2).mean())
+
+
+class _TwoHalves(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.front = nn.Sequential(nn.Linear(D, 16), nn.Tanh())
+        self.back = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, x, fail: bool = False):
+        h = self.front(x)
+        return self.back(_FailingBackward.apply(h) if fail else h)

@@ -102,3 +102,13 @@ def test_optimizer_phase_replay_uses_the_averaged_gradients(tmp_path):
     f = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
     assert (f["step"], f["phase"], f["cause"]) == (1, "optimizer", "nonfinite_parameter")
     assert f["op"] is not None and "weight" in f["explanation"]
+
+
+def test_backward_raising_half_way_on_one_rank_does_not_hang_the_other(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_backward_raises", "--device", "cpu", "--max-steps", "4",
+                             "--report", "r.json", cwd=tmp_path)
+    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    assert rank_exit_codes(proc) == {"0": "1", "1": "1"}, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "error" and report["steps_run"] == 1  # step 1 finished, step 2 stopped
+    assert "custom backward kernel failed" in report["error"] and "step 2, micro-batch 1" in report["error"]
