@@ -19,7 +19,7 @@ import torch
 import debug_nan
 from debug_nan.checks.driver import is_out_of_memory
 from debug_nan.data.tokens import ASV_LEN
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
 from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
 from debug_nan.report.log import Log
@@ -186,13 +186,29 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
         failure = exc
     if ctx is not None:
         distributed.agree_on_setup(ctx, device, failure)  # raises on every rank when any rank failed
-    trainer = Trainer(task, s, log, device, ctx)
+    try:
+        trainer = Trainer(task, s, log, device, ctx)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - under torchrun every rank must hear of it
+        if ctx is None or isinstance(exc, distributed.SetupFailedOnARank):
+            raise
+        # the ranks that got through wait in the Trainer's setup agreement, before DDP's first collective
+        distributed.agree_on_setup(ctx, device, _setup_failure(exc, s, device))
+        raise
     log(f"  {trainer.recipe.line()}")
     trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
     if s.bundle:
         folder = output_folder(s)
         trainer.save_repro = lambda state: str(write_bundle(folder, state))
     return trainer
+
+
+def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> BaseException:
+    """A rank's failure to build the Trainer, as the message every rank reports."""
+    if isinstance(exc, (InputError, KeyboardInterrupt)):
+        return exc
+    if is_out_of_memory(exc):
+        return InputError(oom_message(exc, s, device))
+    return InputError(f"building the trainer: {describe_exception(exc)}")
 
 
 def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:

@@ -410,3 +410,17 @@ class _TwoHalves(nn.Module):
     def forward(self, x, fail: bool = False):
         h = self.front(x)
         return self.back(_FailingBackward.apply(h) if fail else h)
+
+
+def ddp_optimizer_fails_on_rank1():
+    """2 ranks: the task's optimizer factory fails on rank 1 only (a node missing a package, say), after the task
+    was built: rank 0 must not wait in DDP's first collective."""
+    import os
+
+    def optimizer(params):
+        if os.environ.get("RANK") == "1":
+            raise ImportError("No module named 'apex' (this node's environment)")
+        return torch.optim.SGD(params, lr=0.1)
+
+    return SimpleNamespace(model=nn.Linear(D, 1), batches=[{"x": torch.randn(4, D)} for _ in range(2)],
+                           loss=lambda m, b: m(b["x"]).pow(2).mean(), optimizer=optimizer)

@@ -29,6 +29,10 @@ from debug_nan.errors import InputError
 
 
 
+class SetupFailedOnARank(InputError):
+    """Every rank raises this from agree_on_setup when some rank could not set up the run."""
+
+
 @dataclass
 class DistContext:
     rank: int
@@ -95,7 +99,7 @@ def agree_on_setup(ctx: DistContext, device: torch.device, failure: BaseExceptio
         return
     src = failed.index(max(failed))
     message = broadcast(_setup_message(failure) if ctx.rank == src else None, src)
-    raise InputError(f"rank {src} could not set up the run: {message}")
+    raise SetupFailedOnARank(f"rank {src} could not set up the run: {message}")
 
 
 def _setup_message(failure: BaseException | None) -> str:

@@ -33,7 +33,7 @@ from debug_nan.train.agreement import RankAgreement, RunAborted
 from debug_nan.train.checkpoint import resume, skip_batches
 from debug_nan.train.device import resolve_device
 from debug_nan.train.evaluate import EvalPass
-from debug_nan.train.distributed import DistContext, average_gradients, wrap_ddp
+from debug_nan.train.distributed import DistContext, agree_on_setup, average_gradients, wrap_ddp
 from debug_nan.train.overlap import OverlappedAllReduce
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
@@ -58,13 +58,6 @@ class Trainer:
         frozen = enter_training_mode(self.model)
         if frozen:
             log(f"NOTICE: kept in eval mode, as the task left them: {', '.join(p or '<model>' for p in frozen)}.")
-        self.wrapped = self.model  # what the training step calls: DDP under torchrun
-        self.agreement = None
-        if dist_ctx is not None:
-            self.wrapped = wrap_ddp(self.model, self.device)
-            self.agreement = RankAgreement(dist_ctx, self.device, log)
-            torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
-        self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
         self.recipe = build_recipe(task, settings, [p for p in self.model.parameters() if p.requires_grad], log)
         self.optimizer, self.scheduler = self.recipe.optimizer, self.recipe.scheduler
         self.s = replace(settings, max_grad_norm=self.recipe.max_grad_norm)  # the settings as this run uses them
@@ -86,6 +79,13 @@ class Trainer:
         self.evaluation = EvalPass(self) if settings.eval_every else None
         self.history = History()
         self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
+        self.wrapped, self.agreement = self.model, None  # what the training step calls: DDP under torchrun
+        if dist_ctx is not None:  # the first collective, once every rank got this far (a rank that raised above
+            agree_on_setup(dist_ctx, self.device, None)  # makes the runner call the same agreement: all raise)
+            self.wrapped = wrap_ddp(self.model, self.device)
+            self.agreement = RankAgreement(dist_ctx, self.device, log)
+            torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
+        self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
 
     # -- the pieces of a step, shared by the run and the replay (the StepDriver methods) -------------------------
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -112,3 +112,14 @@ def test_backward_raising_half_way_on_one_rank_does_not_hang_the_other(tmp_path)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["steps_run"] == 1  # step 1 finished, step 2 stopped
     assert "custom backward kernel failed" in report["error"] and "step 2, micro-batch 1" in report["error"]
+
+
+def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(tmp_path):
+    proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_optimizer_fails_on_rank1", "--device", "cpu",
+                             "--max-steps", "2", "--report", "r.json", cwd=tmp_path)
+    assert seconds < 90, proc.stdout + proc.stderr
+    assert rank_exit_codes(proc) == {"0": "2", "1": "2"}, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "error" and report["exit_code"] == 2
+    assert report["error"].startswith("rank 1 could not set up the run") and "apex" in report["error"]
+    assert "Traceback" not in proc.stdout
