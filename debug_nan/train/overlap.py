@@ -109,7 +109,11 @@ class OverlappedAllReduce:
     def _launch(self, b: int) -> None:
         members = [self.params[i] for i in self.buckets[b]]
         grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in members]
-        used = torch.tensor([p.grad is not None for p in members], dtype=grads[0].dtype, device=grads[0].device)
+        # 1 where this rank has the gradient, made on the device (a host list copied over would sync a GPU)
+        used = torch.ones(len(members), dtype=grads[0].dtype, device=grads[0].device)
+        for k, p in enumerate(members):
+            if p.grad is None:
+                used[k] = 0
         # divided before the sum, as DDP does: an fp16 sum of `world` gradients could overflow
         flat = _flatten_dense_tensors(grads + [used]).div_(self.ctx.world)
         self._launched[b] = (flat, grads, used, dist.all_reduce(flat, async_op=True))
