@@ -378,7 +378,7 @@ def ddp_optimizer_overflow():
                            optimizer=lambda params: torch.optim.SGD(params, lr=1e25))
 
 
-class _FailingBackward(torch.autograd.Function):
+class FailingBackward(torch.autograd.Function):
     """Identity forward; its backward raises (a custom kernel failing half-way through the backward)."""
 
     @staticmethod
@@ -409,7 +409,7 @@ class _TwoHalves(nn.Module):
 
     def forward(self, x, fail: bool = False):
         h = self.front(x)
-        return self.back(_FailingBackward.apply(h) if fail else h)
+        return self.back(FailingBackward.apply(h) if fail else h)
 
 
 def ddp_optimizer_fails_on_rank1():

@@ -13,6 +13,7 @@ from torch import nn
 
 from debug_nan.train.distributed import DistContext
 from debug_nan.train.overlap import OverlappedAllReduce, plan_buckets
+from tests.scenarios import FailingBackward
 
 
 def test_buckets_follow_the_order_split_by_dtype_and_cap():
@@ -38,16 +39,6 @@ class Net(nn.Module):
         return out + self.only_rank0(h) if rank == 0 else out
 
 
-class Boom(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("backward raised on purpose")
-
-
 def _worker(rank: int, store: str, result_path: str, scenario: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
@@ -69,7 +60,7 @@ def _worker(rank: int, store: str, result_path: str, scenario: str) -> None:
                 raise ValueError("forward raised on purpose")
             y = ours(x, rank)
             if scenario == "raises" and step == 3 and rank == 0:
-                y = Boom.apply(y)
+                y = FailingBackward.apply(y)
             y.square().mean().backward()
         except (ValueError, RuntimeError) as exc:
             raised = str(exc)
@@ -120,6 +111,6 @@ def test_averages_equal_ddps_and_are_sent_during_the_backward(tmp_path):
 def test_a_rank_that_raises_in_forward_or_backward_strands_nobody(tmp_path):
     rank0, rank1 = run_two_ranks(tmp_path, "raises")
     assert rank1["steps"][1]["raised"] == "forward raised on purpose"
-    assert "backward raised on purpose" in rank0["steps"][2]["raised"]
+    assert "custom backward kernel failed" in rank0["steps"][2]["raised"]
     assert [s["raised"] for s in rank0["steps"][:2]] == [None, None]
     assert rank1["steps"][2]["raised"] is None  # and it finished its step: the other rank joined every bucket
