@@ -44,7 +44,7 @@ def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | 
     else:
         task = build_aam_model_task(settings, b["batches"])
     trainer = Trainer(task, settings, log, device)
-    snapshot = trainer.snapshots[0]
+    snapshot = trainer.snapshot
     try:
         snapshot.load_state_dicts(b)
     except (KeyError, RuntimeError, ValueError) as exc:

@@ -77,7 +77,8 @@ def plain_step(t: Trainer, batch) -> None:
 
 
 def snapshot_step(t: Trainer, batch) -> None:
-    t.snapshots[0].save()
+    t.snapshot.stage()
+    t.snapshot.save()
     plain_step(t, batch)
 
 
@@ -150,14 +151,12 @@ def main() -> None:
         assert finding is None, finding
 
     def watch_only_step(i: int) -> None:
-        saves = [s.save for s in trainer.snapshots]
-        for s in trainer.snapshots:
-            s.save = lambda: None  # nothing is replayed here: no finding, asserted by watch_step
+        snapshot = trainer.snapshot
+        snapshot.stage, snapshot.save = (lambda: None), (lambda: None)  # nothing is replayed here (watch_step)
         try:
             watch_step(i)
         finally:
-            for s, save in zip(trainer.snapshots, saves):
-                s.save = save
+            del snapshot.stage, snapshot.save
 
     step_fns = {
         "plain": lambda i: plain_step(trainer, batch),
@@ -265,7 +264,7 @@ def split_watch(t: Trainer, batch, plain_s: float, repeats: int) -> dict[str, fl
 
     pieces["sync + history"] = 1000 * min(one_sync() for _ in range(repeats))
     t.history.steps.clear()
-    pieces["snapshot (not the watch's)"] = best(t.snapshots[0].save)
+    pieces["snapshot (not the watch's)"] = best(lambda: (t.snapshot.stage(), t.snapshot.save()))
     w.close()
     print(f"split of the watch, each piece alone (min of {repeats}, {'wall' if device.type == 'cuda' else 'CPU'} "
           f"time), against the fastest plain step ({1000 * plain_s:.1f} ms, same clock):")

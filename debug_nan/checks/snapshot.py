@@ -10,8 +10,8 @@ Where the copies live (`mode`, the CLI's --snapshot):
           compute stream wait for that copy (a device-side event wait, no host sync) before the first write of a
           parameter, and restore() waits on the same event. Buffers (BatchNorm running statistics, written by the
           forward) are copied on the compute stream, before the forward. No device memory is used.
-  device  copies on the model's device, on the compute stream (fast, but device memory: 2 snapshots x
-          (parameters + buffers + optimizer state)).
+  device  copies on the model's device, on the compute stream (fast, but device memory: parameters + buffers +
+          optimizer state, once: the Trainer keeps one snapshot, saved once the previous update is known finite).
   off     no copy: nothing can be replayed (`kept` is False; restore() raises).
 On the CPU, host and device are the same memory: both keep plain CPU copies.
 """
@@ -109,6 +109,8 @@ class Snapshot:
         self._state_keys: list[tuple[int, str]] = []
         self._param_copies = self._buffer_copies = self._state = None  # _Copies, None when off
         self._other_state: dict = {}
+        self._staged: _Copies | None = None  # stage(): buffers kept aside for a later save()
+        self._staged_training: list[bool] | None = None
         self._side: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
         self._pending: set[torch.device] = set()
         if not self.kept:
@@ -125,7 +127,8 @@ class Snapshot:
     @property
     def nbytes(self) -> tuple[int, int]:
         """(bytes the copies hold on a GPU, bytes in CPU memory) for parameters, buffers and optimizer state."""
-        parts = [c.nbytes for c in (self._param_copies, self._buffer_copies, self._state) if c is not None]
+        parts = [c.nbytes for c in (self._param_copies, self._buffer_copies, self._staged, self._state)
+                 if c is not None]
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
     def describe(self) -> str:
@@ -181,11 +184,29 @@ class Snapshot:
                     out.append((p, key, value))
         return out
 
-    def save(self) -> None:
+    def stage(self) -> None:
+        """The part of the state that the forward changes (buffers, training flags), kept aside as it is now, for a
+        save() later in the step: one copy of the model serves a whole run (the Trainer's deferred save, below)."""
         if not self.kept:
             return
+        if self._buffers:
+            if self._staged is None:
+                self._staged = _Copies([b.detach() for b in self._buffers], self._host, side=False)
+            with torch.no_grad():
+                torch._foreach_copy_(self._staged.copies, [b.detach() for b in self._buffers], non_blocking=self._host)
+        self._staged_training = [m.training for m in self._modules]
+
+    def save(self) -> None:
+        """Copy the state. After stage(), the buffers and training flags are the staged ones: the parameters and
+        optimizer state are the same at any point between the start of a step and its optimizer step, so the save
+        can wait until the previous update is known to be finite, and one snapshot suffices."""
+        if not self.kept:
+            return
+        staged, self._staged_training = self._staged_training, None
         with torch.no_grad():
-            if self._buffers:
+            if self._buffers and staged is not None:  # the staged copies become the saved ones (no copy)
+                self._buffer_copies, self._staged = self._staged, self._buffer_copies
+            elif self._buffers:
                 torch._foreach_copy_(self._buffer_copies.copies, [b.detach() for b in self._buffers],
                                      non_blocking=self._host)
             self._copy_out(self._param_copies, [p.detach() for p in self._params])
@@ -196,7 +217,7 @@ class Snapshot:
                 self._state = _Copies([v.detach() for _, _, v in state], self._host)
             if state:
                 self._copy_out(self._state, [v.detach() for _, _, v in state])
-        self._training = [m.training for m in self._modules]
+        self._training = staged if staged is not None else [m.training for m in self._modules]
         opt_state = self.optimizer.state if self.optimizer is not None else {}
         self._other_state = {
             "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in opt_state.get(p, {}).items()

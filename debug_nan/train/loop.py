@@ -69,10 +69,9 @@ class Trainer:
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
             if dist_ctx is not None else None
-        # two snapshots: the parameter check of step k runs at the first sync of step k + 1
-        self.snapshots = [Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
-                          for _ in range(2)]
-        log(f"  snapshot {self.snapshots[0].describe()}")
+        # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite (stage())
+        self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
+        log(f"  snapshot {self.snapshot.describe()}")
         self.pinpointer = Pinpointer(self)
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
         self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
@@ -203,8 +202,8 @@ class Trainer:
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        inputs = StepInputs(step=step, batches=[], rng=[], snapshot=self.snapshots[step % 2])
-        inputs.snapshot.save()
+        inputs = StepInputs(step=step, batches=[], rng=[], snapshot=self.snapshot)
+        inputs.snapshot.stage()  # the buffers as the forward finds them; save() after the first sync
         record = self.history.begin(step)
         record.lr = self.optimizer.param_groups[0]["lr"]
         self.observer.begin_step(step)
@@ -212,6 +211,8 @@ class Trainer:
         grad_norms = None
         for micro in range(1, self.accumulation_steps + 1):
             outcome = self.micro_step(inputs, micro, stream, record, previous)
+            if micro == 1 and not outcome.blames_last_update:  # step - 1 is not replayed: its copy can go
+                inputs.snapshot.save()
             finding = self.decide(outcome)
             if finding is not None:
                 return finding, inputs
@@ -321,7 +322,7 @@ class Trainer:
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
         repro bundle is written here, by the rank that pinpointed."""
-        if not self.snapshots[0].kept and not (o.check is not None and o.check.kind == "data"):
+        if not self.snapshot.kept and not (o.check is not None and o.check.kind == "data"):
             return unreplayed_finding(o, self.accumulation_steps, self.model, self.log)
         if o.check is not None and o.check.kind == "param":
             if o.previous is None:

@@ -11,7 +11,7 @@ import torch
 from debug_nan.checks.driver import StepInputs
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import History, StepRecord
-from debug_nan.checks.watch import Check
+from debug_nan.checks.watch import PHASE_CODE, Check
 
 
 @dataclass
@@ -27,6 +27,14 @@ class MicroOutcome:
     record: StepRecord | None = None  # None for the last step's parameter check, after the loop
     previous: StepInputs | None = None  # the step before: a parameter trip is its optimizer update
     grad_norms: list[torch.Tensor] | None = None  # the watch's per-gradient L2 norms, reused for clipping
+
+    @property
+    def blames_last_update(self) -> bool:
+        """The earliest non-finite value (on any rank, under DDP) is a parameter or optimizer state: the previous
+        optimizer step is the one to replay."""
+        if self.rank_codes is not None:
+            return max(self.rank_codes, default=0) == PHASE_CODE["param"]
+        return self.check is not None and self.check.kind == "param"
 
     @property
     def only_gradients(self) -> bool:

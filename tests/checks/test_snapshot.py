@@ -161,3 +161,31 @@ def test_rng_round_trip(draws):
     restore_rng(state, torch.device("cpu"))
     again = (torch.rand(3), np.random.rand(2), [random.random() for _ in range(draws)])
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_stage_keeps_what_the_forward_changes_for_a_save_later_in_the_step():
+    """The Trainer stages at the start of a step and saves after the first sync: the saved buffers and training
+    flags must be those the forward found, the parameters those of the save (unchanged in between)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    snap = Snapshot(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(8, 3) + 2)  # running statistics that are not their initial zeros
+    snap.stage()
+    running_mean = model[1].running_mean.clone()
+    model(torch.randn(8, 3) + 5)  # the forward moves the running statistics
+    model.eval()
+    snap.save()
+    weight = model[0].weight.detach().clone()
+    model.train()
+    model(torch.randn(8, 3) - 5)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    model.eval()
+    snap.restore()
+    assert torch.equal(model[1].running_mean, running_mean) and not torch.equal(running_mean, torch.zeros(3))
+    assert torch.equal(model[0].weight, weight)
+    assert model.training and model[1].training  # as staged, before the eval() that came before save()
+    snap.save()  # a save without a stage copies the live buffers, as before
+    model(torch.randn(8, 3))
+    snap.restore()
+    assert torch.equal(model[1].running_mean, running_mean)
