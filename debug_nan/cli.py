@@ -96,8 +96,9 @@ RUN_OPTIONS = [
     _opt("--explosion-growth", type=float, help="...and growth over the smallest earlier norm."),
     _opt("--snapshot", type=click.Choice(CHOICES["snapshot"]), help="Where the copy of the state before each "
          "step (for the replay) lives: host (pinned CPU memory, copied asynchronously: no GPU memory), device "
-         "(GPU memory), or off (no copy: a trip is reported without replaying the op). On a CPU run host and "
-         "device are the same."),
+         "(GPU memory), params (as host, without the optimizer state: an optimizer-phase trip is reported without "
+         "its op), or off (no copy: a trip is reported without replaying the op). On a CPU run host and device "
+         "are the same."),
     _opt("--report", type=click.Path(dir_okay=False), help="Write the JSON report here."),
     _opt("--bundle-dir", type=click.Path(file_okay=False), help="Where a finding writes its repro bundle "
                                                                  "[default: the report's folder, else .]"),

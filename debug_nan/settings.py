@@ -23,7 +23,7 @@ CHOICES = {
     "unifrac": ("unweighted", "weighted"),
     "precision": ("fp32", "bf16", "fp16"),
     "asv_encoder": ("builtin", "torch"),
-    "snapshot": ("host", "device", "off"),  # checks.snapshot.SNAPSHOT_MODES
+    "snapshot": ("host", "device", "params", "off"),  # checks.snapshot.SNAPSHOT_MODES
 }
 
 
@@ -226,9 +226,10 @@ def validate(s: RunSettings) -> None:
         raise InputError(f"{given} sets up the eval pass, which runs only with --eval-every N; add it.")
     if not 0.0 <= s.dropout < 1.0:
         raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
-    if s.keep_going and s.snapshot == "off":
+    if s.keep_going and s.snapshot in ("off", "params"):
         raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
-                         "with --snapshot off there is none: use --snapshot host (or device), or --stop-at-first.")
+                         f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or device), or "
+                         "--stop-at-first.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:
             raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

@@ -1,4 +1,4 @@
-"""Peak memory of a plain training loop against the same training under debug-nan (--snapshot host/device/off),
+"""Peak memory of a plain training loop against the same training under debug-nan (--snapshot host/device/params/off),
 and of an optimizer-phase replay under the op-level tracer, on GPT-like models with AdamW (foreach).
 
     python scripts/bench_memory.py --device cpu                      # sizes 5m and 50m, every mode
@@ -8,6 +8,7 @@ Every (size, mode) runs in its own subprocess, so peaks do not mix. Modes:
   plain         model + AdamW: zero_grad, forward, loss, backward, step; nothing else
   host          the CLI's Trainer (the watch on every step) with --snapshot host (the default)
   device        the same with --snapshot device
+  params        the same with --snapshot params (no copy of the optimizer state)
   off           the same with --snapshot off
   replay        `host`, then the optimizer step of the last step replayed under the tracer (what a parameter
                 trip costs: the tracer judges every in-place foreach op of AdamW)
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("plain", "host", "device", "off", "replay")
+MODES = ("plain", "host", "device", "params", "off", "replay")
 SIZES = {  # bench_models.LMShape fields; about 5M and 50M parameters (and a tiny one for the smoke test)
     "tiny": dict(blocks=1, d_model=32, heads=2, seq=16, batch=2, vocab=64),
     "5m": dict(blocks=4, d_model=256, heads=4, seq=64, batch=4, vocab=4096),

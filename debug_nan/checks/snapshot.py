@@ -12,6 +12,9 @@ Where the copies live (`mode`, the CLI's --snapshot):
           forward) are copied on the compute stream, before the forward. No device memory is used.
   device  copies on the model's device, on the compute stream (fast, but device memory: parameters + buffers +
           optimizer state, once: the Trainer keeps one snapshot, saved once the previous update is known finite).
+  params  as host, without the optimizer state (the biggest part with Adam: twice the parameters): a trip in the
+          forward, loss or backward replays as usual (the optimizer state cannot change before the step's
+          optimizer step), an optimizer-phase trip is reported without its op (`keeps_optimizer` is False).
   off     no copy: nothing can be replayed (`kept` is False; restore() raises).
 On the CPU, host and device are the same memory: both keep plain CPU copies.
 """
@@ -60,8 +63,10 @@ def _restore_scaler(scaler, state: dict | None) -> None:
     scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
 
-SNAPSHOT_MODES = ("host", "device", "off")
+SNAPSHOT_MODES = ("host", "device", "params", "off")
 NO_SNAPSHOT = "no snapshot (--snapshot off): the op was not replayed; rerun with --snapshot host to name it."
+NO_OPTIMIZER_COPY = ("no copy of the optimizer state (--snapshot params): the optimizer step was not replayed; rerun "
+                     "with --snapshot host to name its op.")
 
 
 def _holder(t: torch.Tensor, host: bool) -> torch.Tensor:
@@ -100,7 +105,8 @@ class Snapshot:
         self.model, self.optimizer, self.scaler, self.scheduler = model, optimizer, scaler, scheduler
         self.mode = mode
         self.kept = mode != "off"
-        self._host = mode == "host"
+        self.keeps_optimizer = mode in ("host", "device")  # an optimizer step can be replayed
+        self._host = mode in ("host", "params")
         self._params = [p for p in model.parameters()]
         # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
         self._buffers = [b for b in model.buffers()]
@@ -135,6 +141,9 @@ class Snapshot:
         """One line for the log: where the copies live."""
         if not self.kept:
             return "off: no copy is kept; a trip gives the watch's finding without replaying the op"
+        if not self.keeps_optimizer:
+            return ("params: parameters and buffers only (no optimizer state): an optimizer-phase trip is reported "
+                    "without its op")
         device = self._params[0].device if self._params else torch.device("cpu")
         if device.type == "cpu":
             return f"{self.mode}: on the CPU, host and device are the same memory (plain CPU copies)"
@@ -210,7 +219,7 @@ class Snapshot:
                 torch._foreach_copy_(self._buffer_copies.copies, [b.detach() for b in self._buffers],
                                      non_blocking=self._host)
             self._copy_out(self._param_copies, [p.detach() for p in self._params])
-            state = self._state_tensors()
+            state = self._state_tensors() if self.keeps_optimizer else []
             keys = [(id(p), k) for p, k, _ in state]
             if keys != self._state_keys:  # first step with state (or a new param group): allocate once
                 self._state_keys = keys
@@ -242,7 +251,7 @@ class Snapshot:
                     torch._foreach_copy_([t.data for t in live], saved.copies, non_blocking=self._host)
         for p in self._params:
             p.grad = None
-        if self.optimizer is not None:
+        if self.optimizer is not None and self.keeps_optimizer:  # (params: unchanged since the step began)
             self._restore_optimizer()
         _restore_scaler(self.scaler, self._other_state["scaler"])
         if self.scheduler is not None:

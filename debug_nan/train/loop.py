@@ -93,8 +93,7 @@ class Trainer:
             return split_loss(self.task.loss(self.wrapped, batch))
 
     def replay_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The same on the bare module: no DDP collectives, one rank replays alone."""
-        with self.precision.autocast():
+        with self.precision.autocast():  # the same on the bare module: no DDP collectives, one rank replays alone
             return split_loss(self.task.loss(self.model, batch))
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
@@ -322,8 +321,9 @@ class Trainer:
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
         repro bundle is written here, by the rank that pinpointed."""
-        if not self.snapshot.kept and not (o.check is not None and o.check.kind == "data"):
-            return unreplayed_finding(o, self.accumulation_steps, self.model, self.log)
+        kind = o.check.kind if o.check is not None else None
+        if (not self.snapshot.kept and kind != "data") or (kind == "param" and not self.snapshot.keeps_optimizer):
+            return unreplayed_finding(o, self.accumulation_steps, self.model, self.log, self.snapshot.kept)
         if o.check is not None and o.check.kind == "param":
             if o.previous is None:
                 return None

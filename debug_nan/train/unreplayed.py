@@ -1,11 +1,11 @@
 """Findings of a trip that the op-level replay could not name: interrupted (Ctrl-C / SIGTERM during the replay)
-or impossible (--snapshot off: no state to replay from). The watch's check stands, without the op."""
+or impossible (--snapshot off: no state to replay from; --snapshot params: no optimizer state). The watch's check stands, without the op."""
 
 from __future__ import annotations
 
 from debug_nan.checks.driver import StepInputs, TaskFailure
 from debug_nan.checks.finding import Finding, watch_only_finding
-from debug_nan.checks.snapshot import NO_SNAPSHOT
+from debug_nan.checks.snapshot import NO_OPTIMIZER_COPY, NO_SNAPSHOT
 from debug_nan.errors import describe_exception
 from debug_nan.train.outcome import MicroOutcome
 
@@ -23,11 +23,13 @@ def interrupted_pinpoint(exc: KeyboardInterrupt, inputs: StepInputs, micro: int,
     return interrupt
 
 
-def unreplayed_finding(o: MicroOutcome, accumulation_steps: int, model, log) -> Finding:
-    """--snapshot off: the watch's finding, without the op (there is no state to replay from)."""
+def unreplayed_finding(o: MicroOutcome, accumulation_steps: int, model, log, kept: bool = False) -> Finding:
+    """The watch's finding, without the op: --snapshot off (no state to replay from), or --snapshot params for an
+    optimizer-phase trip (`kept`: no copy of the optimizer state)."""
+    why = NO_OPTIMIZER_COPY if kept else NO_SNAPSHOT
     param = o.check is not None and o.check.kind == "param" and o.previous is not None
     inputs, micro = (o.previous, accumulation_steps) if param else (o.inputs, o.micro)
-    log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {NO_SNAPSHOT}", "red")
+    log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {why}", "red")
     if o.check is None:
-        raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {NO_SNAPSHOT}")
-    return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, model, why=NO_SNAPSHOT)
+        raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(o.error)}; {why}")
+    return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], o.check, model, why=why)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from debug_nan.checks.snapshot import NO_SNAPSHOT, SNAPSHOT_MODES, Snapshot
+from debug_nan.checks.snapshot import NO_OPTIMIZER_COPY, NO_SNAPSHOT, SNAPSHOT_MODES, Snapshot
 from tests.checks.test_snapshot import Net, assert_same, same, state_of, train_one_step
 from tests.checks.test_scenarios import task
 
@@ -58,9 +58,9 @@ def test_off_keeps_nothing_and_cannot_restore():
 
 
 def test_an_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="host, device, off"):
+    with pytest.raises(ValueError, match="host, device, params, off"):
         Snapshot(Net(), mode="disk")
-    assert SNAPSHOT_MODES == ("host", "device", "off")
+    assert SNAPSHOT_MODES == ("host", "device", "params", "off")
 
 
 @cuda
@@ -128,3 +128,29 @@ def test_cuda_host_without_an_optimizer_copies_in_stream_order():
             p.add_(1.0)
     snapshot.restore()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_cli_snapshot_params_replays_a_loss_trip_and_reports_an_optimizer_trip_without_its_op(run_cli):
+    run = run_cli(*task("log_zero_loss"), "--snapshot", "params")
+    f = run.first
+    assert run.code == 1 and (f["phase"], f["op"], f["detected_by"]) == ("loss", "aten.log.default", "replay")
+    assert "params: parameters and buffers only" in run.output
+    f = run_cli(*task("adam_eps_zero"), "--snapshot", "params").first
+    assert (f["step"], f["phase"], f["cause"]) == (1, "optimizer", "unknown")
+    assert NO_OPTIMIZER_COPY in f["explanation"]
+
+
+def test_params_mode_copies_no_optimizer_state_and_leaves_it_alone():
+    model, optimizer, scheduler = trained("cpu")
+    snapshot = Snapshot(model, optimizer, None, scheduler, mode="params")
+    snapshot.save()
+    weights = [p.detach().clone() for p in model.parameters()]
+    state = {k: v.clone() for k, v in optimizer.state[next(model.parameters())].items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    snapshot.restore()
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    live = optimizer.state[next(model.parameters())]
+    assert all(torch.equal(live[k], v) for k, v in state.items())  # untouched: unchanged within a step
+    assert snapshot._state is None or not snapshot._state.copies
