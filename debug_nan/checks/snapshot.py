@@ -108,6 +108,7 @@ class Snapshot:
         self.keeps_optimizer = mode in ("host", "device")  # an optimizer step can be replayed
         self._host = mode in ("host", "params")
         self._params = [p for p in model.parameters()]
+        self._param_ids = {id(p) for p in self._params}
         # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
         self._buffers = [b for b in model.buffers()]
         self._modules = [m for m in model.modules()]
@@ -183,15 +184,22 @@ class Snapshot:
         if not self.kept:
             raise RuntimeError("no snapshot is kept (--snapshot off): there is nothing to restore")
 
-    def _state_tensors(self) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
-        out = []
-        if self.optimizer is None:
-            return out
-        for p in self._params:
-            for key, value in self.optimizer.state.get(p, {}).items():
+    def _scan_optimizer(self) -> tuple[list[tuple[int, str, torch.Tensor]], dict[int, dict], set[int]]:
+        """The optimizer state of this model's parameters: tensor entries [(id(param), key, value)], copies of the
+        other entries {id(param): {key: value}}, and the ids that have state. It walks optimizer.state's items:
+        looking a parameter up by the tensor hashes in Python, hundreds of times per step."""
+        tensors, other, had = [], {}, set()
+        for p, entries in (self.optimizer.state.items() if self.optimizer is not None else ()):
+            pid = id(p)
+            if pid not in self._param_ids:
+                continue
+            had.add(pid)
+            for key, value in entries.items():
                 if isinstance(value, torch.Tensor):
-                    out.append((p, key, value))
-        return out
+                    tensors.append((pid, key, value))
+                else:
+                    other.setdefault(pid, {})[key] = copy.deepcopy(value)
+        return tensors, other, had
 
     def stage(self) -> None:
         """The part of the state that the forward changes (buffers, training flags), kept aside as it is now, for a
@@ -202,7 +210,7 @@ class Snapshot:
             if self._staged is None:
                 self._staged = _Copies([b.detach() for b in self._buffers], self._host, side=False)
             with torch.no_grad():
-                torch._foreach_copy_(self._staged.copies, [b.detach() for b in self._buffers], non_blocking=self._host)
+                torch._foreach_copy_(self._staged.copies, self._buffers, non_blocking=self._host)
         self._staged_training = [m.training for m in self._modules]
 
     def save(self) -> None:
@@ -216,22 +224,20 @@ class Snapshot:
             if self._buffers and staged is not None:  # the staged copies become the saved ones (no copy)
                 self._buffer_copies, self._staged = self._staged, self._buffer_copies
             elif self._buffers:
-                torch._foreach_copy_(self._buffer_copies.copies, [b.detach() for b in self._buffers],
-                                     non_blocking=self._host)
-            self._copy_out(self._param_copies, [p.detach() for p in self._params])
-            state = self._state_tensors() if self.keeps_optimizer else []
-            keys = [(id(p), k) for p, k, _ in state]
+                torch._foreach_copy_(self._buffer_copies.copies, self._buffers, non_blocking=self._host)
+            self._copy_out(self._param_copies, self._params)  # (under no_grad: no detach() per tensor)
+            state, other, had = self._scan_optimizer()
+            state = state if self.keeps_optimizer else []
+            keys = [(pid, k) for pid, k, _ in state]
             if keys != self._state_keys:  # first step with state (or a new param group): allocate once
                 self._state_keys = keys
                 self._state = _Copies([v.detach() for _, _, v in state], self._host)
             if state:
-                self._copy_out(self._state, [v.detach() for _, _, v in state])
+                self._copy_out(self._state, [v for _, _, v in state])
         self._training = staged if staged is not None else [m.training for m in self._modules]
-        opt_state = self.optimizer.state if self.optimizer is not None else {}
         self._other_state = {
-            "optimizer_nontensor": {id(p): {k: copy.deepcopy(v) for k, v in opt_state.get(p, {}).items()
-                                            if not isinstance(v, torch.Tensor)} for p in self._params},
-            "had_state": {id(p) for p in self._params if p in opt_state},
+            "optimizer_nontensor": other,
+            "had_state": had,
             # lr and the other hyperparameters live in the param groups (the scheduler writes them there)
             "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
                        for g in (self.optimizer.param_groups if self.optimizer is not None else [])],
