@@ -195,6 +195,8 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
         distributed.agree_on_setup(ctx, device, _setup_failure(exc, s, device))
         raise
     log(f"  {trainer.recipe.line()}")
+    if trainer.reducer is not None:
+        log(f"  gradients averaged by {trainer.reducer.describe()}")
     trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
     if s.bundle:
         folder = output_folder(s)

@@ -78,7 +78,7 @@ class OverlappedAllReduce:
 
     def describe(self) -> str:
         return (f"{len(self.buckets)} bucket(s) of <= {self.cap_bytes / 2**20:g} MiB, all-reduced during the "
-                f"backward of each step's last micro-batch (from step 2; step 1 learns the gradients' order)")
+                f"backward of each step's last micro-batch (from step 2 on: step 1 learns their order)")
 
     # -- one step ------------------------------------------------------------------------------------------------
     def arm(self) -> None:

@@ -123,3 +123,9 @@ def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(
     assert report["status"] == "error" and report["exit_code"] == 2
     assert report["error"].startswith("rank 1 could not set up the run") and "apex" in report["error"]
     assert "Traceback" not in proc.stdout
+
+
+def test_the_header_says_how_gradients_are_averaged(tmp_path):
+    proc, _ = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gradients averaged by 1 bucket(s) of <= 25 MiB, all-reduced during the backward" in proc.stdout
