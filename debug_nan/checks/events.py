@@ -55,6 +55,13 @@ OVERWRITING = ("copy_", "fill_", "zero_", "uniform_", "normal_", "random_", "ber
                "geometric_", "cauchy_", "log_normal_", "set_", "_foreach_copy_", "_foreach_zero_", "masked_scatter_")
 
 
+# ops that write arguments their schema does not annotate as written: batch norm in training mode updates
+# running_mean/var in place. Judged like in-place ops (inputs as they were before the op), so an Inf input
+# to a BatchNorm is named, not the buffer the op itself just poisoned
+HIDDEN_WRITES = {name: frozenset({"running_mean", "running_var"}) for name in (
+    "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "batch_norm_update_stats")}
+
+
 @dataclass(frozen=True)
 class OpInfo:
     name: str  # "_softmax"
@@ -68,7 +75,8 @@ def op_info(func) -> OpInfo:
     schema = func._schema
     name = schema.name.split("::")[-1]
     written = frozenset(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
-    return OpInfo(name, schema.is_mutable, written, name in OVERWRITING)
+    hidden = HIDDEN_WRITES.get(name, frozenset())
+    return OpInfo(name, schema.is_mutable or bool(hidden), written | hidden, name in OVERWRITING)
 
 
 def named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], dict[str, object]]:

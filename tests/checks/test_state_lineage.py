@@ -1,0 +1,49 @@
+"""NaN that lives in state: ops that write buffers without saying so in their schema (batch norm's running
+statistics), buffers poisoned in one step and harmful in a later one."""
+
+import torch
+from torch import nn
+
+from debug_nan.checks.diagnose import diagnose
+from debug_nan.checks.events import op_info
+from debug_nan.checks.tracer import Tracer
+
+
+def _conv_bn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(36, 1))
+
+
+def test_batch_norm_declares_its_running_statistics_written():
+    info = op_info(torch.ops.aten.native_batch_norm.default)
+    assert info.mutable and info.written == {"running_mean", "running_var"}
+    assert op_info(torch.ops.aten.convolution.default).written == frozenset()
+
+
+def test_inf_into_a_training_batch_norm_names_the_convolution_not_the_buffer():
+    """Sample 0 is 1e36 and channel 1's weights 1e4: the convolution overflows float32 (about 1e40 in float64).
+    The BatchNorm then writes NaN into running_mean/var itself; judged before that write, the buffers were
+    finite, so the origin is the convolution's Inf and the BatchNorm's NaN (inf - inf) descends from it."""
+    model = _conv_bn()
+    with torch.no_grad():
+        model[0].weight[1] *= 1e4
+    x = torch.randn(4, 2, 5, 5)
+    x[0] *= 1e36
+    with Tracer(model) as tracer:
+        loss = model(x).pow(2).mean()
+        origin = tracer.origin_of([loss])
+    assert torch.isnan(loss) and torch.isnan(model[1].running_var[1])
+    assert [(e.op, e.kind, e.label) for e in tracer.origins] == [
+        ("aten.convolution.default", "inf", None), ("aten.native_batch_norm.default", "nan", None)]
+    assert (origin.op, origin.module, origin.kind) == ("aten.convolution.default", "0", "inf")
+    assert diagnose(origin)[0] == "overflow"
+    # the buffers carry the convolution's lineage: a later step that meets them can be traced back here
+    for buffer in (model[1].running_mean, model[1].running_var):
+        assert tracer.origin_of(buffer) is origin
+
+
+def test_eval_mode_batch_norm_with_a_finite_input_leaves_its_buffers_alone():
+    model = _conv_bn().eval()
+    with Tracer(model) as tracer:
+        model(torch.randn(4, 2, 5, 5)).sum()
+    assert tracer.origins == [] and len(tracer.lineage) == 0
