@@ -13,11 +13,12 @@ from dataclasses import replace
 
 import torch
 
+from debug_nan.checks.buffer_writers import BufferWriters, Written
 from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
-from debug_nan.checks.snapshot import restore_rng
+from debug_nan.checks.snapshot import capture_rng, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
 from debug_nan.checks.watch import Check, param_and_state_tensors
@@ -27,6 +28,7 @@ from debug_nan.errors import describe_exception
 class Pinpointer:
     def __init__(self, driver: StepDriver):
         self.driver = driver
+        self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -65,7 +67,7 @@ class Pinpointer:
             if not optimizer:
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
-            with Tracer(d.model) as tracer:
+            with Tracer(d.model, poisoned=self.writers.names) as tracer:
                 harmed: list = []
                 try:
                     if optimizer:
@@ -91,6 +93,57 @@ class Pinpointer:
                     # user code raised before the harm could be computed: the earliest birth stands for it
                     origin = tracer.first
         return tracer, origin, exc, batch
+
+    def trace_buffer_writers(self, inputs: StepInputs, micro: int, checks: list[Check]) -> None:
+        """The watch saw buffers turn non-finite in micro-batch `micro` of step `inputs.step` (no harm yet): replay
+        that micro-batch's forward and loss under the tracer, from the step's snapshot, and keep the op that wrote
+        each buffer (BufferWriters). Mid-step the parameters and optimizer are still the snapshot's, so only the
+        buffers and the RNG are set aside and put back: the run goes on exactly as it would have."""
+        d = self.driver
+        new = [c for c in checks if c.name not in self.writers]
+        if not new:
+            return
+        what = ", ".join(f"`{c.name}` ({c.nonfinite.upper()})" for c in new)
+        d.log(f"  [watch] buffer {what} turned non-finite at step {inputs.step}, micro-batch {micro}, no harm yet: "
+              f"replaying that forward under the op-level tracer to name the op that wrote it", "yellow")
+        if inputs.snapshot is None or not inputs.snapshot.kept:
+            for c in new:
+                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, "not replayed (no snapshot)"))
+            return
+        origins, raw, rng = {}, inputs.batches[micro - 1], capture_rng(d.device)
+        live = inputs.snapshot.restore_buffers()
+        try:
+            with d.watch_paused():
+                for i in range(micro - 1):  # the buffers as the earlier micro-batches left them (forward only)
+                    restore_rng(inputs.rng[i], d.device)
+                    d.replay_loss(self._batch(inputs, i))
+                restore_rng(inputs.rng[micro - 1], d.device)
+                batch = self._batch(inputs, micro - 1)
+                with Tracer(d.model, poisoned=self.writers.names) as tracer:
+                    for path, t in flat_tensors(batch):
+                        tracer.mark(t, path, "data")
+                    try:
+                        d.replay_loss(batch)
+                    except Exception as exc:  # noqa: BLE001 - the run's own micro-batch raised nothing
+                        if is_out_of_memory(exc):
+                            raise
+                    origins = {c.name: tracer.origin_of(d.model.get_buffer(c.name)) for c in new}
+        finally:
+            inputs.snapshot.put_back_buffers(live)
+            restore_rng(rng, d.device)
+        for c in new:
+            event = origins.get(c.name)
+            if event is None:
+                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None,
+                                         "the replay of that forward left it finite (state outside the replay)"))
+                continue
+            finding = (data_finding(inputs.step, micro, raw, Check("data", event.label, 1.0))
+                       if event.phase == "data" else self.event_finding(inputs.step, micro, event, raw, None, None))
+            self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, finding))
+            d.log(f"  [pinpoint] buffer `{c.name}` was written by {finding.op or finding.watch} ({finding.phase}"
+                  f"{f', module `{finding.module}`' if finding.module else ''}"
+                  f"{f', {finding.source}' if finding.source else ''}): {finding.cause}; kept as the origin should "
+                  f"harm descend from it later", "yellow")
 
     def finite_without_scaling(self, inputs: StepInputs, micro: int) -> bool:
         """fp16: do micro-batches 1..micro give finite gradients with the loss scale off? (Then a non-finite
@@ -141,6 +194,9 @@ class Pinpointer:
                                   f"found no NaN/Inf before it, so this is an error in the task's code, not a "
                                   f"numerical one.")
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model)
+        watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
+        if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
+            return writer  # a buffer written non-finite in an earlier micro-batch: its writer is the origin
         if event.phase == "data":  # the batch itself held the value that reached the harm
             return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
         reached = None
@@ -160,7 +216,7 @@ class Pinpointer:
         d.log(f"  [pinpoint] replaying held-out batch {index} in eval mode under the op-level tracer...")
         restore_rng(rng, d.device)
         batch = move_to(raw, d.device, copy=True)
-        tracer, harmed, exc = Tracer(d.model), [], None
+        tracer, harmed, exc = Tracer(d.model, poisoned=self.writers.names), [], None
         tracer.context.global_hooks = True  # a module with a forward hook of its own turns the fast paths off
         with tracer:
             for path, t in flat_tensors(batch):
@@ -175,6 +231,9 @@ class Pinpointer:
         error = error or exc
         d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
         where = f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
+        seen = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
+        if origin is not None and (writer := self.writers.finding_for(origin.label, step, 0, seen)) is not None:
+            return writer  # the pass met a buffer that a training step wrote non-finite: that step's op
         if origin is None:
             if error is not None or check is None:
                 raise TaskFailure(f"eval pass after step {step}, held-out batch {index}: "

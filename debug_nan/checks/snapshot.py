@@ -263,6 +263,24 @@ class Snapshot:
         if self.scheduler is not None:
             self.scheduler.load_state_dict(self._other_state["scheduler"])
 
+    def restore_buffers(self) -> list[torch.Tensor]:
+        """Only the buffers as saved, for a forward-only replay in the middle of a step (the parameters, optimizer
+        and training flags have not changed since it began) -> copies of the live buffers, to put back with
+        put_back_buffers() afterwards."""
+        self._check_kept()
+        self.wait()
+        live = [b.detach().clone() for b in self._buffers]
+        if self._buffers:
+            with torch.no_grad():
+                torch._foreach_copy_([b.data for b in self._buffers], self._buffer_copies.copies,
+                                     non_blocking=self._host)
+        return live
+
+    def put_back_buffers(self, live: list[torch.Tensor]) -> None:
+        if self._buffers:
+            with torch.no_grad():
+                torch._foreach_copy_([b.data for b in self._buffers], live)
+
     def _restore_optimizer(self) -> None:
         with torch.no_grad():
             for p in self._params:

@@ -59,8 +59,10 @@ class Tracer(TorchDispatchMode):
     derived: backward while autograd runs, forward inside a module of `model`, loss outside any module.
     `keep`: how many origins keep their tensors for diagnosis (later ones keep only where they ran)."""
 
-    def __init__(self, model: nn.Module, stop_at_first: bool = False, keep: int = 64):
+    def __init__(self, model: nn.Module, stop_at_first: bool = False, keep: int = 64,
+                 poisoned: frozenset = frozenset()):
         super().__init__()
+        self.poisoned = poisoned  # buffers the run saw turn non-finite: an Inf met in them is no deliberate mask
         self.stop_at_first = stop_at_first
         self.model = model
         self.context = ModuleContext(model, on_output=self._module_output)
@@ -300,7 +302,8 @@ class Tracer(TorchDispatchMode):
             op="", phase=phase, module=module, module_type=module_type if phase != "loss" else "",
             kind="nan" if nan else "inf", source=source,
             source_line=code, backward_node=None, forward_source=None, inputs=[], outputs=[(label, value.detach())],
-            seq=self.ops_seen, label=label, module_class=module_class, deliberate=not nan and kind != "parameter"))
+            seq=self.ops_seen, label=label, module_class=module_class,
+            deliberate=not nan and kind != "parameter" and state not in self.poisoned))
 
     def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate) -> OpEvent:
         phase, module, node = self._context()

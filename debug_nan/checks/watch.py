@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from debug_nan.checks.buffer_watch import BufferWatch
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
 
@@ -107,6 +108,7 @@ class Watch:
         self._handles: list = []
         self._state_key: list[int] | None = None
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
+        self.buffers = BufferWatch(model)  # which buffers went non-finite (read in the same one sync)
         self.discard()
         self.attach()
 
@@ -218,8 +220,9 @@ class Watch:
         host = np.asarray(flat.tolist(), dtype=np.float64)  # the one host sync
         segments = self._segments(layout, host[:n])
         self._second_look(layout, segments)
+        new_buffers = self.buffers.settle(segments)
         codes = host[n:].tolist() if agree is not None else None
-        result = MicroResult(segments, self._layer_stats, codes)
+        result = MicroResult(segments, self._layer_stats, codes, new_buffers)
         if codes is not None and any(c != int(c) for c in codes):
             # some rank's norm overflowed with finite elements (rare): agree again on the settled codes
             code = torch.tensor(float(self.host_code(result, raised, abort)), device=device)
@@ -237,6 +240,8 @@ class Watch:
         """[(kind, names, width, tensors for a second look)] in KIND_ORDER, and the device float64 parts."""
         layout, parts = [], []
         for kind in KIND_ORDER:
+            if kind == "buffer":  # the BufferWatch's, below
+                continue
             if kind in _NORM_KINDS:
                 chunks = self._norms[kind]
                 if chunks:
@@ -256,6 +261,9 @@ class Watch:
                 if names:
                     layout.append((kind, names, 2, []))
                     parts.append(_stack64([p[0] for p in pairs] + [p[1] for p in pairs], device))
+        for kind, names, norms in self.buffers.record():  # last, as in KIND_ORDER
+            layout.append((kind, names, 1, []))
+            parts.append(_stack64(norms, device))
         return layout, parts
 
     @staticmethod

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# execution order within a micro-batch: the parameter check of the previous update is read first
-KIND_ORDER = ("param", "data", "forward", "loss", "loss_part", "grad")
+# execution order within a micro-batch: the parameter check of the previous update is read first; buffers (written
+# by the forward: running statistics, EMA codebooks) are read last
+KIND_ORDER = ("param", "data", "forward", "loss", "loss_part", "grad", "buffer")
 # a non-finite value of these kinds is harm, and trips the micro-batch
 HARM_KINDS = frozenset({"param", "loss", "loss_part", "grad"})
 
@@ -26,7 +27,7 @@ def larger(a: float | None, b: float) -> float:
 
 @dataclass
 class Check:
-    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad" (see Segment.value for the values)
+    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad" | "buffer" (see Segment.value)
     name: str  # parameter name ("w (optimizer exp_avg)" for a state), batch key, module path, loss part
     value: float
     nonfinite: str = ""  # "" when finite, else what it held: "nan", "inf" (sign unknown), "+inf", "-inf", "+inf -inf"
@@ -36,7 +37,8 @@ class Check:
 class Segment:
     """One kind's values, in the order they were recorded ([n] each).
 
-    value: max |x| (data, forward), the value itself (loss, loss_part), the L2 norm (grad, param: a NaN/Inf
+    value: max |x| (data, forward), the value itself (loss, loss_part), the L2 norm (buffer: accumulated in
+    float64, so it is non-finite exactly when an element is, for buffers narrower than float64; grad, param: a NaN/Inf
     element makes the norm NaN/Inf; a norm that overflowed while every element was finite is cleared by a second
     look at max |x|, so `nonfinite` is exact). lo/hi: min and max (data, forward only), which tell -Inf from +Inf."""
 
@@ -79,6 +81,9 @@ class MicroResult:
     segments: list[Segment]
     layer_stats: dict[str, object] = field(default_factory=dict)  # filled only in trace-every-step mode
     rank_codes: list[float] | None = None  # under DDP: every rank's earliest harm phase code (0 = clean)
+    # buffers that were finite at the previous sync (or when the watch began) and hold NaN/Inf now: not harm by
+    # itself (a buffer may never reach the loss), but the step that wrote it is the one to replay
+    new_nonfinite_buffers: list[Check] = field(default_factory=list)
 
     def segment(self, kind: str) -> Segment | None:
         return next((s for s in self.segments if s.kind == kind), None)

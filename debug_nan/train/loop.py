@@ -1,11 +1,9 @@
 """The runner's training loop: one loop for every task, readable top to bottom.
-
 for each optimizer step:
     snapshot the state (for a replay), then for each micro-batch:
         capture the batch, forward + loss, backward (loss / accumulation), watch batch, loss and gradients
         one host sync: did anything go non-finite? -> pinpoint it (replay under the tracer), stop
     clip, optimizer step, schedule, watch the parameters (checked at the next sync)
-
 Elsewhere: the fp16 policy (precision.py), the DDP agreement (agreement.py), the task's recipe (recipe.py), the
 log lines (report/step_line.py). The Trainer is the pinpointer's StepDriver."""
 
@@ -182,8 +180,8 @@ class Trainer:
         finally:
             bar.close()
         result.finding = result.findings[0] if result.findings else None
-        # non-finite module outputs / batch tensors that are not findings by themselves (masks, nanmean inputs)
-        result.notes.extend(self.history.nonfinite_notes())
+        # non-finite module outputs / batch tensors / buffers that are not findings by themselves (masks, nanmean)
+        result.notes.extend(self.history.nonfinite_notes() + self.pinpointer.writers.notes())
         if result.finding is not None:
             result.status = "nonfinite"
         elif result.error is not None:
@@ -215,6 +213,7 @@ class Trainer:
             finding = self.decide(outcome)
             if finding is not None:
                 return finding, inputs
+            self.pinpointer.trace_buffer_writers(inputs, micro, outcome.new_buffers)  # turned non-finite, no harm yet
             if record.scaler_skipped:
                 break
             grad_norms = outcome.grad_norms
@@ -279,6 +278,7 @@ class Trainer:
             self.history.add_micro(record, result, last)
         self.observer.layer_trace(micro, result.layer_stats)
         outcome.check, outcome.rank_codes = result.first_harm(), result.rank_codes
+        outcome.new_buffers = result.new_nonfinite_buffers
         return outcome
 
     def next_batch(self, stream, inputs: StepInputs, micro: int):

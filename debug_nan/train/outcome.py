@@ -27,6 +27,7 @@ class MicroOutcome:
     record: StepRecord | None = None  # None for the last step's parameter check, after the loop
     previous: StepInputs | None = None  # the step before: a parameter trip is its optimizer update
     grad_norms: list[torch.Tensor] | None = None  # the watch's per-gradient L2 norms, reused for clipping
+    new_buffers: list[Check] = field(default_factory=list)  # buffers that turned non-finite (not harm by itself)
 
     @property
     def blames_last_update(self) -> bool:

@@ -1,0 +1,121 @@
+"""NaN/Inf bugs of public reports where the NaN lives in STATE (buffers, a learning rate in `param_groups`, a
+checkpoint) or where the tracer once misread it, rebuilt as `--task` plug-ins. Each factory names the thread it
+rebuilds and the origin expected from first principles; tests/checks/test_state_bugs.py asserts them, and each
+bug's fixed version is clean. Run one by hand, e.g.
+    debug-nan --task tests/state_bugs.py:vqvae_ema_dead_code --max-steps 3 --device cpu
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+D = 8
+
+
+def _batches(n: int, make, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [make(i, g) for i in range(n)]
+
+
+# -- VQ-VAE with an EMA codebook: zalandoresearch/pytorch-vq-vae#5, rosinality/vq-vae-2-pytorch#72,
+#    ZhangXInFD/SpeechTokenizer#18 ---------------------------------------------------------------------------------
+class EmaCodebook(nn.Module):
+    """The EMA vector quantiser of the VQ-VAE paper's appendix: cluster sizes start at 0, and a code no input chose
+    keeps cluster size 0 and embedding sum 0, so its new embedding is 0/0 = NaN (no Laplace smoothing:
+    rosinality#72, SpeechTokenizer#18). The update runs under no_grad after the codes were chosen: the step that
+    writes the NaN is finite; the next step's distances to the NaN code are NaN and argmin picks it."""
+
+    def __init__(self, codes: int, dim: int, smoothing: bool):
+        super().__init__()
+        self.smoothing, self.decay = smoothing, 0.9
+        self.register_buffer("embed", torch.randn(codes, dim))
+        self.register_buffer("cluster_size", torch.zeros(codes))
+        self.register_buffer("embed_sum", torch.zeros(codes, dim))
+
+    def forward(self, z):  # z [N, dim]
+        dist = (z * z).sum(1, keepdim=True) - 2 * z @ self.embed.t() + (self.embed * self.embed).sum(1)
+        onehot = F.one_hot(dist.argmin(1), self.embed.shape[0]).type(z.dtype)
+        quantized = onehot @ self.embed
+        if self.training:
+            with torch.no_grad():
+                self.cluster_size.mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+                self.embed_sum.mul_(self.decay).add_(onehot.t() @ z, alpha=1 - self.decay)
+                size = self.cluster_size
+                if self.smoothing:  # Laplace smoothing, as the reference implementations do
+                    n = size.sum()
+                    size = (size + 1e-5) / (n + size.numel() * 1e-5) * n
+                self.embed.copy_(self.embed_sum / size.unsqueeze(1))
+        return z + (quantized - z).detach(), F.mse_loss(z, quantized)
+
+
+def _vqvae(smoothing: bool):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"enc": nn.Linear(D, 4), "vq": EmaCodebook(16, 4, smoothing), "dec": nn.Linear(4, D)})
+
+    def loss(m, b):
+        q, commit = m["vq"](m["enc"](b["x"]))
+        return F.mse_loss(m["dec"](q), b["x"]) + 0.25 * commit
+
+    return SimpleNamespace(model=model, loss=loss, batches=_batches(3, lambda i, g: {"x": torch.randn(6, D, generator=g)}))
+
+
+def vqvae_ema_dead_code():
+    """6 inputs choose at most 6 of 16 codes in step 1: the other codes' cluster size and sum stay 0, and
+    `embed_sum / cluster_size` writes 0/0 = NaN into buffer `vq.embed` (finite loss, gradients, parameters in
+    step 1). Step 2's loss is NaN. Expected: step 1, micro-batch 1, forward, module `vq`, aten.div.Tensor, nan,
+    div_by_zero; the watch of step 2 saw the harm."""
+    return _vqvae(smoothing=False)
+
+
+def vqvae_ema_smoothed():
+    """The fix (Laplace smoothing of the cluster sizes): clean."""
+    return _vqvae(smoothing=True)
+
+
+# -- a hand-written BatchNorm whose running variance is unbiased: facebookresearch/SparseConvNet#190 ----------------
+class RunningNorm(nn.Module):
+    """BatchNorm semantics written by hand (as SparseConvNet's): the batch is normalised with the biased variance
+    (finite for one sample: 0 + eps), the running variance is updated with the unbiased one, n / (n - 1), which
+    for a batch of ONE sample is 0/0 (SparseConvNet#190: "a batch size of 1 producing nan in running_var"). Only the
+    eval pass, which normalises with the running statistics, turns NaN."""
+
+    def __init__(self, features: int, unbiased: bool):
+        super().__init__()
+        self.unbiased = unbiased
+        self.register_buffer("running_mean", torch.zeros(features))
+        self.register_buffer("running_var", torch.ones(features))
+
+    def forward(self, x):  # x [N, features]
+        if not self.training:
+            return (x - self.running_mean) / torch.sqrt(self.running_var + 1e-5)
+        mean, var = x.mean(0), x.var(0, correction=0)
+        with torch.no_grad():
+            self.running_mean.lerp_(mean, 0.1)
+            self.running_var.lerp_(x.var(0) if self.unbiased else var, 0.1)
+        return (x - mean) / torch.sqrt(var + 1e-5)
+
+
+def _running_norm(unbiased: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, D), RunningNorm(D, unbiased), nn.Linear(D, 1), nn.Flatten(0))
+
+    def make(i, g):
+        n = 1 if i == 1 else 6  # the last batch of an epoch holds one sample
+        return {"x": torch.randn(n, D, generator=g), "y": torch.randn(n, generator=g)}
+
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]), batches=_batches(3, make),
+                           eval_batches=_batches(1, make, seed=1))
+
+
+def running_var_of_one_sample():
+    """Step 2's batch holds one sample: `x.var(0)` (correction 1) is 0/0 and lerp_ writes NaN into buffer
+    `1.running_var`; training stays finite. The eval pass after step 2 is NaN. Expected (with --eval-every 2):
+    step 2, forward, module `1` (RunningNorm), aten.var.correction, nan, div_by_zero; not "eval"."""
+    return _running_norm(unbiased=True)
+
+
+def running_var_biased():
+    """The fix (the biased variance for the running statistic too): clean, eval included."""
+    return _running_norm(unbiased=False)
