@@ -119,3 +119,32 @@ def running_var_of_one_sample():
 def running_var_biased():
     """The fix (the biased variance for the running statistic too): clean, eval included."""
     return _running_norm(unbiased=False)
+
+
+# -- an Inf into a BatchNorm in training mode: pytorch/pytorch#90342 ----------------------------------------------
+def _conv_bn(scale: float, normalise: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(36, 1),
+                          nn.Flatten(0))
+    nn.init.normal_(model[0].weight, std=1.0)  # the user's own init: unit-variance weights over 18 inputs
+
+    def make(i, g):
+        x = torch.randn(4, 2, 5, 5, generator=g)
+        if i == 1 and not normalise:  # the fix: the data pipeline standardises every sample
+            x[0] = scale  # one sample of the second batch in raw units, at the edge of float32
+        return {"x": x, "y": torch.randn(4, generator=g)}
+
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]), batches=_batches(3, make))
+
+
+def conv_overflow_into_batch_norm():
+    """The thread: an overflowing activation (fp16 there; here a sample of constant 1e38 under N(0, 1) weights: a
+    sum of 18 such terms exceeds the float32 maximum 3.4e38 at some positions) enters a BatchNorm in training mode; its batch mean is Inf, x - mean is
+    inf - inf = NaN, and native_batch_norm writes NaN into running_mean/var itself. Expected: step 2, forward,
+    module `0` (Conv2d), aten.convolution.default, inf, overflow; not the buffer."""
+    return _conv_bn(1e38, normalise=False)
+
+
+def conv_input_normalised():
+    """The fix: the same batch standardised per sample: clean."""
+    return _conv_bn(1e38, normalise=True)

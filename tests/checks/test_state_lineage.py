@@ -7,6 +7,8 @@ from torch import nn
 from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.events import op_info
 from debug_nan.checks.tracer import Tracer
+from debug_nan.checks.watch import Watch
+from tests.checks.test_watch_syncs import HostSyncs
 
 
 def _conv_bn() -> nn.Module:
@@ -47,3 +49,37 @@ def test_eval_mode_batch_norm_with_a_finite_input_leaves_its_buffers_alone():
     with Tracer(model) as tracer:
         model(torch.randn(4, 2, 5, 5)).sum()
     assert tracer.origins == [] and len(tracer.lineage) == 0
+
+
+def _watched_bn():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    model.register_buffer("causal", torch.tensor([0.0, float("-inf")]))  # non-finite from the start, by design
+    return model, Watch(model)
+
+
+def test_watch_reports_buffers_that_turn_non_finite_once_in_one_sync():
+    model, watch = _watched_bn()
+    seen = []
+    for i in range(4):
+        x = torch.randn(5, 3)
+        if i == 2:
+            x[0, 1] = float("inf")  # the BatchNorm writes Inf into running_mean[1] and NaN into running_var[1]
+        with torch.no_grad():
+            model(x)
+        with HostSyncs() as syncs:
+            result = watch.sync()
+        assert syncs.count == 1, syncs.what
+        seen.append([(c.name, c.nonfinite) for c in result.new_nonfinite_buffers])
+        assert result.harm() is None  # a buffer alone is not harm
+    assert seen == [[], [], [("1.running_mean", "inf"), ("1.running_var", "nan")], []]
+
+
+def test_a_buffer_that_turns_finite_again_and_then_non_finite_is_reported_again():
+    model, watch = _watched_bn()
+    model[1].running_var[0] = float("nan")
+    assert [c.name for c in watch.sync().new_nonfinite_buffers] == ["1.running_var"]
+    model[1].running_var[0] = 1.0
+    assert watch.sync().new_nonfinite_buffers == []
+    model[1].running_var[0] = float("inf")
+    assert [(c.name, c.nonfinite) for c in watch.sync().new_nonfinite_buffers] == [("1.running_var", "inf")]

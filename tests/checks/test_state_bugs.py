@@ -1,0 +1,53 @@
+"""NaN that lives in state, from public reports (tests/state_bugs.py), through the CLI: each bug is pinpointed at
+the origin derived from first principles in its factory's docstring, and its fixed version is clean."""
+
+import pytest
+
+from tests.conftest import REPO
+
+BUGS = REPO / "tests" / "state_bugs.py"
+
+
+def task(name: str, *extra: str) -> list[str]:
+    return ["--task", f"{BUGS}:{name}", "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("vqvae_ema_smoothed", ()), ("running_var_biased", ("--eval-every", "2")), ("conv_input_normalised", ()),
+])
+def test_fixed_versions_are_clean(run_cli, name, extra):
+    run = run_cli(*task(name, "--max-steps", "3", *extra))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    assert "turned NAN" not in run.output and "turned INF" not in run.output
+
+
+def test_ema_codebook_dead_code_names_the_step_that_wrote_the_buffer(run_cli):
+    """zalandoresearch/pytorch-vq-vae#5, rosinality/vq-vae-2-pytorch#72, ZhangXInFD/SpeechTokenizer#18."""
+    run = run_cli(*task("vqvae_ema_dead_code", "--max-steps", "3"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["micro_step"], f["phase"]) == (1, 1, "forward")
+    assert (f["module"], f["module_type"], f["op"]) == ("vq", "EmaCodebook", "aten.div.Tensor")
+    assert (f["kind"], f["cause"]) == ("nan", "div_by_zero")
+    assert "embed_sum / size" in f["source_line"]
+    assert f["watch"] == "loss `<loss>` = nan"  # the harm came a step later
+    assert "wrote buffer `vq.embed` at step 1, micro-batch 1" in f["explanation"]
+    assert "at step 2, micro-batch 1 it reached the harm" in f["explanation"]
+    assert "an earlier step wrote it" not in run.output
+
+
+def test_running_variance_of_one_sample_is_named_in_training_not_in_eval(run_cli):
+    """facebookresearch/SparseConvNet#190."""
+    run = run_cli(*task("running_var_of_one_sample", "--max-steps", "3", "--eval-every", "2"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["micro_step"], f["phase"]) == (2, 1, "forward")
+    assert (f["module"], f["module_type"], f["op"]) == ("1", "RunningNorm", "aten.var.correction")
+    assert (f["kind"], f["cause"]) == ("nan", "div_by_zero")
+    assert "correction 1" in f["explanation"] and "the eval pass after step 2" in f["explanation"]
+
+
+def test_inf_into_a_training_batch_norm_names_the_convolution(run_cli):
+    """pytorch/pytorch#90342."""
+    f = run_cli(*task("conv_overflow_into_batch_norm", "--max-steps", "3")).first
+    assert (f["step"], f["phase"], f["module"], f["module_type"]) == (2, "forward", "0", "Conv2d")
+    assert (f["op"], f["kind"], f["cause"]) == ("aten.convolution.default", "inf", "overflow")
+    assert "buffer" not in f["explanation"]
