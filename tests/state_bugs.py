@@ -7,6 +7,7 @@ bug's fixed version is clean. Run one by hand, e.g.
 
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -148,3 +149,32 @@ def conv_overflow_into_batch_norm():
 def conv_input_normalised():
     """The fix: the same batch standardised per sample: clean."""
     return _conv_bn(1e38, normalise=True)
+
+
+# -- a poly schedule stepped past its end: meetps/pytorch-semseg#186 ------------------------------------------------
+def _poly(total: int, clamp: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1), nn.Flatten(0))
+
+    def factor(step: int) -> float:
+        done = np.float64(step) / total  # NumPy scalars: a negative base to a fractional power is NaN, not complex
+        return float((1 - (min(done, 1.0) if clamp else done)) ** 0.9)
+
+    return SimpleNamespace(
+        model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor),
+        batches=_batches(6, lambda i, g: {"x": torch.randn(8, D, generator=g), "y": torch.randn(8, generator=g)}))
+
+
+def poly_lr_past_its_end():
+    """`base_lr * (1 - step / max_iter) ** 0.9` with max_iter 3 (the thread: "after epoch exceeds max_iter, the
+    factor becomes negative"): after the 4th step the factor is (-1/3) ** 0.9 = NaN, the lr in param_groups is NaN,
+    and step 5's SGD update writes NaN into every parameter. Expected: step 5, optimizer, a NaN lr in the
+    evidence, the schedule (LambdaLR) and its step named."""
+    return _poly(3, clamp=False)
+
+
+def poly_lr_clamped():
+    """The fix: the schedule holds at 0 past its end: clean."""
+    return _poly(3, clamp=True)

@@ -18,6 +18,7 @@ from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
+from debug_nan.checks.optimizer_evidence import StepHyperparameters, optimizer_explanation, read_hyperparameters
 from debug_nan.checks.snapshot import capture_rng, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
@@ -29,6 +30,7 @@ class Pinpointer:
     def __init__(self, driver: StepDriver):
         self.driver = driver
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
+        self._hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -71,7 +73,8 @@ class Pinpointer:
                 harmed: list = []
                 try:
                     if optimizer:
-                        tracer.phase_override = "optimizer"
+                        tracer.phase_override = "optimizer"  # the lr this step uses, before its schedule step:
+                        self._hyper = read_hyperparameters(d.optimizer, getattr(d, "scheduler", None))
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
                         d.optimizer_step()
@@ -272,7 +275,8 @@ class Pinpointer:
                             "multiplies it by 0 and 0 * inf = NaN.")
         module, kind_of_module = event.module, event.module_type
         if event.phase == "optimizer":
-            param, explanation = self._optimizer_explanation(reached or [], explanation)
+            param, explanation, replaced = self._optimizer_explanation(reached or [], explanation)
+            suggestions = replaced or suggestions
             module = param.rsplit(".", 1)[0] if param and "." in param else ""
             kind_of_module = module_type(self.driver.model, module) if param else ""
         return Finding(
@@ -285,13 +289,11 @@ class Pinpointer:
             exception=describe_exception(error) if error is not None else None,
         )
 
-    def _optimizer_explanation(self, reached: list[str], evidence: str) -> tuple[str | None, str]:
-        """(parameter name, explanation) for an origin inside the optimizer step; `reached` names the parameters
-        and states its values reached."""
-        optimizer = self.driver.optimizer
+    def _optimizer_explanation(self, reached: list[str], evidence: str) -> tuple[str | None, str, list | None]:
+        """(parameter name, explanation, replacement suggestions or None) for an origin inside the optimizer
+        step; `reached` names the parameters and states its values reached."""
         what = f"`{reached[0]}`" if reached else "a parameter or optimizer state"
-        param = reached[0].split(" (optimizer")[0] if reached else None
-        settings = {k: v for k, v in optimizer.defaults.items() if k in ('lr', 'eps', 'betas', 'momentum',
-                                                                          'weight_decay')}
-        return param, (f"The {type(optimizer).__name__} step made {what} non-finite although every gradient going "
-                       f"in was finite: {evidence} (settings of this optimizer: {settings}).")
+        name = reached[0].split(" (optimizer")[0] if reached else None
+        param = dict(self.driver.model.named_parameters()).get(name) if name else None
+        explanation, suggestions = optimizer_explanation(self.driver.optimizer, self._hyper, param, what, evidence)
+        return name, explanation, suggestions

@@ -51,3 +51,21 @@ def test_inf_into_a_training_batch_norm_names_the_convolution(run_cli):
     assert (f["step"], f["phase"], f["module"], f["module_type"]) == (2, "forward", "0", "Conv2d")
     assert (f["op"], f["kind"], f["cause"]) == ("aten.convolution.default", "inf", "overflow")
     assert "buffer" not in f["explanation"]
+
+
+def test_poly_schedule_past_its_end_names_the_nan_learning_rate(run_cli):
+    """meetps/pytorch-semseg#186."""
+    run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "6"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["phase"], f["kind"]) == (5, "optimizer", "nan")
+    assert f["op"] == "aten.add_.Tensor" and f["source_line"] == "param.add_(grad, alpha=-lr)"
+    assert "The learning rate is nan in optimizer.param_groups[0]" in f["explanation"]
+    assert "optimizer.defaults still says 0.01" in f["explanation"]
+    assert "LambdaLR set it after 4 of its steps" in f["explanation"]
+    assert f["suggestions"][0].startswith("Fix the schedule (LambdaLR)")
+    assert not any("Lower the learning rate" in s for s in f["suggestions"])
+
+
+def test_poly_schedule_clamped_is_clean(run_cli):
+    run = run_cli(*task("poly_lr_clamped", "--max-steps", "6"))
+    assert run.code == 0 and run.report["status"] == "clean", run.output

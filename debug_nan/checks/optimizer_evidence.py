@@ -1,0 +1,73 @@
+"""The evidence for an origin inside the optimizer step: the hyperparameters the step actually used.
+
+They live in `optimizer.param_groups` (a scheduler writes the lr there every step), not in `optimizer.defaults`
+(the constructor's arguments): a schedule that returns NaN past its end leaves defaults at lr 0.01 and the
+group at lr nan. The values are read before the replayed step (the replay's own schedule step changes them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SHOWN = ("lr", "eps", "betas", "momentum", "weight_decay")
+
+
+@dataclass
+class StepHyperparameters:
+    groups: list[dict]  # per param group: the SHOWN entries, as the step used them
+    param_group: dict[int, int]  # id(parameter) -> its group's index
+    scheduler: str | None  # the schedule's class name
+    scheduler_step: int | None  # its last_epoch: how many times it had been stepped
+
+
+def _number(value) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def read_hyperparameters(optimizer, scheduler=None) -> StepHyperparameters:
+    groups = [{k: g[k] for k in SHOWN if k in g} for g in optimizer.param_groups]
+    owner = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    return StepHyperparameters(groups, owner, type(scheduler).__name__ if scheduler is not None else None,
+                               getattr(scheduler, "last_epoch", None))
+
+
+def _nonfinite_lr(hyper: StepHyperparameters) -> list[tuple[int, float]]:
+    out = []
+    for i, g in enumerate(hyper.groups):
+        lr = _number(g.get("lr"))
+        if lr is not None and not math.isfinite(lr):
+            out.append((i, lr))
+    return out
+
+
+def optimizer_explanation(optimizer, hyper: StepHyperparameters | None, param, what: str,
+                          evidence: str) -> tuple[str, list[str] | None]:
+    """(explanation, suggestions that replace the cause's, or None) for an origin in `optimizer`'s step that made
+    `what` (a parameter or state, by name) non-finite; `param` is that parameter (None when unknown)."""
+    kind = type(optimizer).__name__
+    if hyper is None:  # no record of the step's values: the groups as they are now
+        hyper = read_hyperparameters(optimizer)
+    group = hyper.param_group.get(id(param), 0) if param is not None else 0
+    settings = hyper.groups[group] if group < len(hyper.groups) else {}
+    bad = _nonfinite_lr(hyper)
+    if not bad:
+        return (f"The {kind} step made {what} non-finite although every gradient going in was finite: {evidence} "
+                f"(this parameter group's settings in optimizer.param_groups[{group}]: {settings}).", None)
+    index, lr = bad[0]
+    by = (f"the schedule {hyper.scheduler} set it after {hyper.scheduler_step} of its steps"
+          if hyper.scheduler is not None else "no scheduler is attached: something wrote it into the group")
+    explanation = (f"The learning rate is {lr} in optimizer.param_groups[{index}] (optimizer.defaults still says "
+                   f"{optimizer.defaults.get('lr')}): {by}, and the {kind} step multiplied every update by it, so "
+                   f"{what} became non-finite although every gradient going in was finite. The op: {evidence}")
+    suggestions = [
+        f"Fix the schedule{f' ({hyper.scheduler})' if hyper.scheduler else ''}: it must stay finite for every step "
+        f"the run takes. A poly schedule (1 - step / max_steps) ** power past max_steps raises a negative number to "
+        f"a fractional power (NaN): clamp the progress to [0, 1], or set max_steps to the real number of steps.",
+        "Print scheduler.get_last_lr() for the last steps to see where it left the finite range.",
+    ]
+    return explanation, suggestions
