@@ -178,3 +178,31 @@ def poly_lr_past_its_end():
 def poly_lr_clamped():
     """The fix: the schedule holds at 0 past its end: clean."""
     return _poly(3, clamp=True)
+
+
+# -- a NaN saved into a checkpoint: resuming from it -------------------------------------------------------------
+def resumed_model():
+    """Resumed with --checkpoint from a file whose `0.weight` (or Adam's exp_avg_sq of it) holds NaN, written by
+    the run that saved it. Expected: step (checkpoint step + 1), the named tensor, nonfinite_parameter, the
+    explanation naming the checkpoint; no "lower the learning rate"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1), nn.Flatten(0))
+    return SimpleNamespace(
+        model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        batches=_batches(4, lambda i, g: {"x": torch.randn(8, D, generator=g), "y": torch.randn(8, generator=g)}))
+
+
+def save_checkpoint(path, poison: str | None) -> None:
+    """A checkpoint of resumed_model() after one AdamW step (step 7 of the saving run), with `poison`: "weight"
+    (a NaN in 0.weight), "adam" (a NaN in its exp_avg_sq) or None (healthy)."""
+    t = resumed_model()
+    opt = t.optimizer(t.model.parameters())
+    t.loss(t.model, t.batches[0]).backward()
+    opt.step()
+    model, optim = t.model.state_dict(), opt.state_dict()
+    if poison == "weight":
+        model["0.weight"][2, 3] = float("nan")
+    elif poison == "adam":
+        optim["state"][0]["exp_avg_sq"][1, 1] = float("nan")
+    torch.save({"model": model, "optimizer": optim, "step": 7}, path)

@@ -19,6 +19,7 @@ from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
 from debug_nan.checks.optimizer_evidence import StepHyperparameters, optimizer_explanation, read_hyperparameters
+from debug_nan.checks.start_state import is_start_state, start_state_finding
 from debug_nan.checks.snapshot import capture_rng, restore_rng
 from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
@@ -200,6 +201,10 @@ class Pinpointer:
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
             return writer  # a buffer written non-finite in an earlier micro-batch: its writer is the origin
+        if inputs.step == getattr(self.driver, "first_step", 0) + 1 and is_start_state(event):
+            # nothing in this run came before: the checkpoint (or the task's initialisation) holds the value
+            checkpoint = getattr(getattr(self.driver, "s", None), "checkpoint", None)
+            return start_state_finding(inputs.step, micro, event, raw, watch, self.driver.model, checkpoint)
         if event.phase == "data":  # the batch itself held the value that reached the harm
             return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
         reached = None

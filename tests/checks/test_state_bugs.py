@@ -69,3 +69,28 @@ def test_poly_schedule_past_its_end_names_the_nan_learning_rate(run_cli):
 def test_poly_schedule_clamped_is_clean(run_cli):
     run = run_cli(*task("poly_lr_clamped", "--max-steps", "6"))
     assert run.code == 0 and run.report["status"] == "clean", run.output
+
+
+@pytest.mark.parametrize("poison, name, phase", [
+    ("weight", "0.weight", "optimizer"), ("adam", "0.weight (optimizer exp_avg_sq)", "optimizer"),
+])
+def test_nan_loaded_from_a_checkpoint_is_named_as_the_checkpoints(run_cli, tmp_path, poison, name, phase):
+    from tests.state_bugs import save_checkpoint
+
+    path = tmp_path / f"{poison}.pt"
+    save_checkpoint(path, poison)
+    run = run_cli(*task("resumed_model", "--max-steps", "3", "--checkpoint", str(path)))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["phase"], f["module"], f["cause"]) == (8, phase, "0", "nonfinite_parameter")
+    assert f"`{name}` [8, 8] holds 1 NaN" in f["explanation"]
+    assert f"loaded from --checkpoint {path} before step 8, the first step of this run" in f["explanation"]
+    assert f["suggestions"][0].startswith("The checkpoint file itself holds the NaN/Inf")
+    assert "Lower the learning rate" not in " ".join(f["suggestions"]) and "earlier step wrote" not in run.output
+
+
+def test_a_healthy_checkpoint_resumes_clean(run_cli, tmp_path):
+    from tests.state_bugs import save_checkpoint
+
+    save_checkpoint(tmp_path / "ok.pt", None)
+    run = run_cli(*task("resumed_model", "--max-steps", "3", "--checkpoint", str(tmp_path / "ok.pt")))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
