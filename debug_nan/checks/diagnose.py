@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.checks.causes.arithmetic import division_rule, domain_rule, inf_arithmetic_rule, infinite_rule, log_rule
+from debug_nan.checks.causes.arithmetic import (division_rule, domain_rule, float64, inf_arithmetic_rule, infinite_rule,
+                                                log_rule)
+from debug_nan.checks.causes.principles import nan_from_finite_rule
 from debug_nan.checks.causes.backward import singular_rule
 from debug_nan.checks.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, fused_mask_rule,
                                              is_attention, softmax_rule)
@@ -84,6 +86,8 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
             result = (result[0], result[1] + _inf_source_sentence(event, batch))
     if result is None:
         result = infinite_rule(event, name)
+    if result is None:
+        result = nan_from_finite_rule(event, name, float64(event))
     if result is None:
         stats = "; ".join(f"{n}: {tensor_stats(t).line()}" for n, t in event.inputs[:3])
         result = ("unknown", f"{event.op} produced {event.kind.upper()} from finite inputs ({stats})."

@@ -51,6 +51,7 @@ def test_inf_into_a_training_batch_norm_names_the_convolution(run_cli):
     assert (f["step"], f["phase"], f["module"], f["module_type"]) == (2, "forward", "0", "Conv2d")
     assert (f["op"], f["kind"], f["cause"]) == ("aten.convolution.default", "inf", "overflow")
     assert "buffer" not in f["explanation"]
+    assert "an intermediate (a partial sum or product) exceeded the float32 maximum" in f["explanation"]
 
 
 def test_poly_schedule_past_its_end_names_the_nan_learning_rate(run_cli):

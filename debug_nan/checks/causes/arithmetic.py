@@ -7,6 +7,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from debug_nan.checks.causes.masking import first_input
+from debug_nan.checks.causes.principles import has_no_pole, magnitude
 from debug_nan.checks.events import OpEvent
 
 # op -> the argument that is the log's argument (xlogy(x, y) = x * log(y))
@@ -138,7 +139,7 @@ def inf_arithmetic_rule(event: OpEvent) -> tuple[str, str] | None:
                               f"inf - inf, 0 * inf and inf / inf are NaN.")
 
 
-def _float64(event: OpEvent) -> torch.Tensor | None:
+def float64(event: OpEvent) -> torch.Tensor | None:
     """The op recomputed in float64 (complex128), or None where it cannot be (some ops refuse float64)."""
     if event.func is None:
         return None
@@ -166,13 +167,17 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         return None
     dtype = outs[0].dtype
     n_inf = sum(_count(torch.isinf(t)) for t in outs)
-    ref = _float64(event) if name != "_to_copy" else None
+    ref = float64(event) if name != "_to_copy" else None
     if ref is not None and (ref.is_floating_point() or ref.is_complex()) and bool(torch.isinf(ref).any()):
         n_ref = _count(torch.isinf(ref))
         stem = _stem(name)
         if stem in POLES:
             return "invalid_domain", (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in "
                                       f"float64 {n_ref} are still Inf: not an overflow but a pole, {POLES[stem]}.")
+        if has_no_pole(name, event):  # finite at every finite input: the value is merely too large for float64 too
+            return "overflow", (f"{event.op} turned finite inputs into {n_inf} Inf values, and recomputed in float64 "
+                                f"{n_ref} are still Inf: {stem} has no pole at finite inputs, so this is an "
+                                f"overflow past float64's range as well{magnitude(name, event)}.")
         return "unknown", (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in float64 {n_ref} "
                            f"are still Inf: not an overflow of {str(dtype).replace('torch.', '')} but a value that is "
                            f"infinite at these inputs in any precision.")
@@ -182,5 +187,11 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
                   if (t.is_floating_point() or t.is_complex()) and t.numel()), default=0.0)
     reference = f"; recomputed in float64 the largest |result| is {float(ref.abs().max()):.4g}" \
         if ref is not None and ref.numel() else ""
+    if ref is not None and ref.numel() and float(ref.abs().max()) <= limit:  # the result fits: a partial sum did not
+        return "overflow", (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
+                            f"an intermediate (a partial sum or product) exceeded the "
+                            f"{str(dtype).replace('torch.', '')} maximum {limit:.6g}, although the exact result "
+                            f"fits ({float(ref.abs().max()):.4g} recomputed in float64): accumulating in "
+                            f"{str(dtype).replace('torch.', '')} overflowed.")
     return "overflow", (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                         f"the result exceeds the {str(dtype).replace('torch.', '')} maximum {limit:.6g}{reference}.")
