@@ -206,3 +206,75 @@ def save_checkpoint(path, poison: str | None) -> None:
     elif poison == "adam":
         optim["state"][0]["exp_avg_sq"][1, 1] = float("nan")
     torch.save({"model": model, "optimizer": optim, "step": 7}, path)
+
+
+# -- a VAE's unbounded log-variance: vanderschaarlab/synthcity#331 -------------------------------------------------
+class Vae(nn.Module):
+    def __init__(self, clamp: bool):
+        super().__init__()
+        self.clamp = clamp
+        self.enc = nn.Linear(D, 8)  # -> mu [4], logvar [4]
+        self.dec = nn.Linear(4, D)
+
+    def forward(self, x):
+        mu, logvar = self.enc(x).chunk(2, dim=-1)
+        if self.clamp:  # the fix the thread proposes (diffusers clamps to [-30, 20])
+            logvar = logvar.clamp(-30.0, 20.0)
+        std = torch.exp(0.5 * logvar)
+        return self.dec(mu + std * torch.randn_like(std)), mu, logvar
+
+
+def _vae(clamp: bool):
+    torch.manual_seed(0)
+    model = Vae(clamp)
+
+    def make(i, g):
+        x = torch.randn(6, D, generator=g)
+        if i == 1:
+            x[2] = 1e4  # one unnormalised sample (raw counts)
+        return {"x": x}
+
+    def loss(m, b):
+        recon, mu, logvar = m(b["x"])
+        kl = -0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(-1).mean()
+        return F.mse_loss(recon, b["x"]) + 1e-3 * kl
+
+    return SimpleNamespace(model=model, loss=loss, batches=_batches(3, make))
+
+
+def vae_logvar_exp_overflow():
+    """The second batch holds a sample of constant 1e4: the encoder's logvar reaches a few thousand, and
+    exp(0.5 * logvar) is about 10^(700+): past float32 AND float64, yet exp has no pole at a finite input, so it is
+    an overflow. Expected: step 2, forward, module `` (Vae, the model itself), aten.exp.default, inf, overflow."""
+    return _vae(clamp=False)
+
+
+def vae_logvar_clamped():
+    """The fix (logvar clamped to [-30, 20]): clean of NaN/Inf. The unnormalised sample still makes a gradient of
+    about 1e8, which the explosion check reports at its default threshold: run both with --explosion-threshold
+    1e12 to compare the exp alone."""
+    return _vae(clamp=True)
+
+
+# -- weight norm over a zero-initialised row: pytorch/pytorch#19126 -------------------------------------------------
+def _weight_norm(zero_row: bool):
+    torch.manual_seed(0)
+    head = nn.Linear(D, 3)
+    if zero_row:  # "zero-init the output layer", then weight norm on it: g * v / ||v|| with ||v|| = 0
+        with torch.no_grad():
+            head.weight[1] = 0.0
+    model = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.utils.parametrizations.weight_norm(head))
+    return SimpleNamespace(model=model, loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"]), batches=_batches(
+        2, lambda i, g: {"x": torch.randn(6, D, generator=g), "y": torch.randint(0, 3, (6,), generator=g)}))
+
+
+def weight_norm_zero_row():
+    """Row 1 of the weight-normed head is zero: its norm is 0, and w = g * v / ||v|| is 0/0 = NaN in the forward
+    (the thread met it in the backward). Expected: step 1, forward, module `2`, aten._weight_norm_interface.default,
+    nan, div_by_zero (an op no rule lists, named from its input's all-zero slice)."""
+    return _weight_norm(zero_row=True)
+
+
+def weight_norm_random_init():
+    """The fix (no zero row under weight norm): clean."""
+    return _weight_norm(zero_row=False)

@@ -14,6 +14,7 @@ def task(name: str, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("name, extra", [
     ("vqvae_ema_smoothed", ()), ("running_var_biased", ("--eval-every", "2")), ("conv_input_normalised", ()),
+    ("vae_logvar_clamped", ("--explosion-threshold", "1e12")), ("weight_norm_random_init", ()),
 ])
 def test_fixed_versions_are_clean(run_cli, name, extra):
     run = run_cli(*task(name, "--max-steps", "3", *extra))
@@ -95,3 +96,19 @@ def test_a_healthy_checkpoint_resumes_clean(run_cli, tmp_path):
     save_checkpoint(tmp_path / "ok.pt", None)
     run = run_cli(*task("resumed_model", "--max-steps", "3", "--checkpoint", str(tmp_path / "ok.pt")))
     assert run.code == 0 and run.report["status"] == "clean", run.output
+
+
+def test_exp_of_a_huge_log_variance_is_an_overflow_even_past_float64(run_cli):
+    """vanderschaarlab/synthcity#331."""
+    f = run_cli(*task("vae_logvar_exp_overflow", "--max-steps", "3", "--explosion-threshold", "1e12")).first
+    assert (f["step"], f["phase"], f["module"], f["module_type"]) == (2, "forward", "", "Vae")
+    assert (f["op"], f["kind"], f["cause"]) == ("aten.exp.default", "inf", "overflow")
+    assert "overflow past float64's range as well" in f["explanation"] and "std = torch.exp" in f["source_line"]
+
+
+def test_weight_norm_of_a_zero_row_is_named_from_its_inputs(run_cli):
+    """pytorch/pytorch#19126."""
+    f = run_cli(*task("weight_norm_zero_row", "--max-steps", "2")).first
+    assert (f["step"], f["phase"], f["kind"]) == (1, "forward", "nan")
+    assert f["module"].startswith("2.") and f["op"] == "aten._weight_norm_interface.default"
+    assert f["cause"] == "div_by_zero" and "has 1 all-zero slices along dim 0 (of 3)" in f["explanation"]
