@@ -59,7 +59,8 @@ def _vqvae(smoothing: bool):
         q, commit = m["vq"](m["enc"](b["x"]))
         return F.mse_loss(m["dec"](q), b["x"]) + 0.25 * commit
 
-    return SimpleNamespace(model=model, loss=loss, batches=_batches(3, lambda i, g: {"x": torch.randn(6, D, generator=g)}))
+    batches = _batches(3, lambda i, g: {"x": torch.randn(6, D, generator=g)})
+    return SimpleNamespace(model=model, loss=loss, batches=batches)
 
 
 def vqvae_ema_dead_code():
@@ -140,10 +141,19 @@ def _conv_bn(scale: float, normalise: bool):
 
 def conv_overflow_into_batch_norm():
     """The thread: an overflowing activation (fp16 there; here a sample of constant 1e38 under N(0, 1) weights: a
-    sum of 18 such terms exceeds the float32 maximum 3.4e38 at some positions) enters a BatchNorm in training mode; its batch mean is Inf, x - mean is
-    inf - inf = NaN, and native_batch_norm writes NaN into running_mean/var itself. Expected: step 2, forward,
-    module `0` (Conv2d), aten.convolution.default, inf, overflow; not the buffer."""
+    sum of 18 such terms exceeds the float32 maximum 3.4e38 at some positions) enters a BatchNorm in training
+    mode; its batch mean is Inf, x - mean is inf - inf = NaN, and native_batch_norm writes NaN into
+    running_mean/var itself. Expected: step 2, forward, module `0` (Conv2d), aten.convolution.default, inf,
+    overflow (an intermediate: the exact sums fit); not the buffer."""
     return _conv_bn(1e38, normalise=False)
+
+
+def conv_large_input_quietly_poisons_running_var():
+    """The thread's quiet half: a sample of constant 1e30 stays finite through the convolution (about 1e31), but
+    its variance (1e62) overflows float32 inside native_batch_norm, which writes +Inf into `1.running_var`; the
+    training outputs and loss stay finite (that channel normalises to 0). Expected: clean, a note naming the
+    buffer's writer (native_batch_norm, step 2) and a warning that module `0`'s output reached ~1e31."""
+    return _conv_bn(1e30, normalise=False)
 
 
 def conv_input_normalised():
@@ -278,3 +288,75 @@ def weight_norm_zero_row():
 def weight_norm_random_init():
     """The fix (no zero row under weight norm): clean."""
     return _weight_norm(zero_row=False)
+
+
+# -- quiet failures: finite, yet not training ----------------------------------------------------------------------
+def _summed(summed: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 64), nn.Tanh(), nn.Linear(64, 1), nn.Flatten(0))
+    scale = 30.0 if summed else 1.0  # targets in raw units, or standardised
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"], reduction="sum" if summed
+                                                                     else "mean"),
+                           batches=_batches(4, lambda i, g: {"x": torch.randn(256, D, generator=g),
+                                                            "y": scale * torch.randn(256, generator=g)}))
+
+
+def scaler_skips_every_step():
+    """pytorch/pytorch#67590 (GradScaler silently skips optimizer.step on Inf gradients): a loss summed over 256
+    samples with targets of size 30 has gradients near 1e5; times the initial fp16 scale 65536 they pass fp16's
+    65504 in every step of a short run, so every step is skipped and the model never updates, with nothing
+    non-finite at the true scale. Expected (--precision fp16, 3 steps): clean, and a warning that the scaler
+    skipped every step."""
+    return _summed(True)
+
+
+def scaler_mean_loss():
+    """The fix (a mean loss of standardised targets: small gradients): steps are taken; no warning."""
+    return _summed(False)
+
+
+# -- a completion-only collate whose response template never matches: huggingface/trl#1820 -----------------------
+RESPONSE = [7, 8]  # "### Answer:" as the collate searches for it; the tokenizer merged it into [9] in the text
+
+
+def _completion_lm(template_in_text: list[int], loss_kind: str):
+    """A tiny causal LM; the collate sets every label up to and including the response template to -100, and all
+    of them when the template is not found (trl's DataCollatorForCompletionOnlyLM, with its warning)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(32, D), nn.Linear(D, 32))
+
+    def make(i, g):
+        prompt, answer = torch.randint(10, 32, (4, 5), generator=g), torch.randint(10, 32, (4, 3), generator=g)
+        tokens = torch.cat([prompt, torch.tensor(template_in_text).repeat(4, 1), answer], 1)
+        labels = torch.full_like(tokens, -100)
+        if template_in_text == RESPONSE:
+            labels[:, 5 + len(RESPONSE):] = answer
+        return {"tokens": tokens, "labels": labels}
+
+    def loss(m, b):
+        logits = m(b["tokens"][:, :-1]).reshape(-1, 32)
+        labels = b["labels"][:, 1:].reshape(-1)
+        if loss_kind == "mean":
+            return F.cross_entropy(logits, labels)
+        # "sum / count" with the count clamped to 1: no NaN, and nothing learned either
+        return F.cross_entropy(logits, labels, reduction="sum") / (labels != -100).sum().clamp_min(1)
+
+    return SimpleNamespace(model=model, loss=loss, batches=_batches(4, make))
+
+
+def completion_labels_all_ignored():
+    """Every sample's template is tokenised as [9], never [7, 8]: every label is -100, and the mean cross-entropy
+    divides a sum over 0 targets by 0. Expected: step 1, loss, aten.nll_loss_forward.default, nan, div_by_zero,
+    the first suggestion about the data (and num_items_in_batch), no "add an epsilon"."""
+    return _completion_lm([9], "mean")
+
+
+def completion_labels_all_ignored_clamped():
+    """The same data with the count clamped to 1 (the "epsilon in the denominator" fix): the loss is exactly 0 and
+    so is every gradient: clean, and a warning that the gradient norm was exactly 0 for every step."""
+    return _completion_lm([9], "clamped")
+
+
+def completion_template_found():
+    """The fix (the template as the text tokenises it): labels on the answers; clean, no warning."""
+    return _completion_lm(RESPONSE, "mean")

@@ -17,8 +17,8 @@ from debug_nan.checks.causes.backward import singular_rule
 from debug_nan.checks.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, fused_mask_rule,
                                              is_attention, softmax_rule)
 from debug_nan.checks.causes.reductions import ctc_rule, zero_count_rule
-from debug_nan.checks.causes.wording import (SUGGESTIONS, batch_layout, describe_rows, is_builtin, ranges,
-                                             suggestions_for)
+from debug_nan.checks.causes.wording import (ALL_IGNORED_SUGGESTIONS, SUGGESTIONS, batch_layout, describe_rows,
+                                             is_builtin, ranges, suggestions_for)
 from debug_nan.checks.events import OpEvent
 from debug_nan.checks.stats import tensor_stats
 
@@ -44,6 +44,8 @@ def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
     if event.note:
         explanation += f" ({event.note})"
     suggestions = suggestions_for(cause, event)
+    if cause == "div_by_zero" and "targets equals ignore_index" in explanation:  # (reductions._nll_rule)
+        suggestions = ALL_IGNORED_SUGGESTIONS + [s for s in suggestions if s.startswith("Check for empty groups")]
     source = _inf_source(event)
     if cause == "inf_arithmetic" and source is not None:  # the fix belongs where the Inf was born
         try:

@@ -10,6 +10,7 @@ import torch
 
 import debug_nan
 from debug_nan.checks.finding import Finding
+from debug_nan.checks.quiet import quiet_warnings
 from debug_nan.checks.stats import TensorStats
 from debug_nan.report.outputs import write_text_atomic
 
@@ -91,6 +92,9 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C") -
             log(line)
         if len(result.findings) > 1:
             log(f"  ({len(result.findings) - 1} later finding(s) in the JSON report)")
+    for warning in quiet_warnings(result.history):  # finite, yet not training (or about to overflow)
+        for line in _wrap("warning", warning):
+            log(line, "yellow")
     for note in result.notes:
         for line in _wrap("note", note):
             log(line)
@@ -115,6 +119,7 @@ def report_dict(result, settings, device, elapsed: float) -> dict:
         "history": result.history.to_dict(),
         "history_kept": result.history.kept(),  # bounded on long runs: what the per-layer series keep
         "notes": result.notes,
+        "warnings": quiet_warnings(result.history),
         "recipe": result.recipe,
     }
 

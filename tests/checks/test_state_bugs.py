@@ -112,3 +112,43 @@ def test_weight_norm_of_a_zero_row_is_named_from_its_inputs(run_cli):
     assert (f["step"], f["phase"], f["kind"]) == (1, "forward", "nan")
     assert f["module"].startswith("2.") and f["op"] == "aten._weight_norm_interface.default"
     assert f["cause"] == "div_by_zero" and "has 1 all-zero slices along dim 0 (of 3)" in f["explanation"]
+
+
+def test_every_label_ignored_advises_about_the_data_first(run_cli):
+    """huggingface/trl#1820 (the response template never matches: every label -100)."""
+    run = run_cli(*task("completion_labels_all_ignored", "--max-steps", "4"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["phase"], f["op"]) == (1, "loss", "aten.nll_loss_forward.default")
+    assert (f["kind"], f["cause"]) == ("nan", "div_by_zero")
+    assert f["suggestions"][0].startswith("Fix the data first: every label of this micro-batch is ignore_index")
+    assert "`num_items_in_batch`" in f["suggestions"][1]
+    assert not any(s.startswith(("Add an epsilon", "std/var")) for s in f["suggestions"])
+
+
+def test_a_clamped_count_trains_on_nothing_and_says_so(run_cli):
+    run = run_cli(*task("completion_labels_all_ignored_clamped", "--max-steps", "4"))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    assert run.report["warnings"] == [w for w in run.report["warnings"] if "exactly 0 in steps 1..4" in w] != []
+    assert "warning      the total gradient norm was exactly 0 in steps 1..4" in run.output
+
+
+def test_every_step_skipped_by_the_fp16_scaler_is_a_warning(run_cli):
+    """pytorch/pytorch#67590."""
+    run = run_cli(*task("scaler_skips_every_step", "--max-steps", "3", "--precision", "fp16"))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    assert len(run.report["warnings"]) == 1 and "skipped every step (1..3)" in run.report["warnings"][0]
+
+
+@pytest.mark.parametrize("name, extra", [("completion_template_found", ()), ("scaler_mean_loss", ("--precision", "fp16"))])
+def test_fixed_versions_have_no_warning(run_cli, name, extra):
+    run = run_cli(*task(name, "--max-steps", "4", *extra))
+    assert run.code == 0 and run.report["warnings"] == [], run.output
+
+
+def test_a_running_variance_overflowing_quietly_is_a_note_and_a_warning(run_cli):
+    """pytorch/pytorch#90342, the quiet half: nothing harmful, but a buffer turned Inf and an output is near it."""
+    run = run_cli(*task("conv_large_input_quietly_poisons_running_var", "--max-steps", "3"))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    assert any(n.startswith("buffer `1.running_var` turned INF at step 2, micro-batch 1, written by "
+                            "aten.native_batch_norm.default in forward (module `1`)") for n in run.report["notes"])
+    assert run.report["warnings"] and run.report["warnings"][0].startswith("`0` output reached max |x| = 2.94e+30")

@@ -73,6 +73,15 @@ SUGGESTIONS = {
         "Read the op, module and input statistics above; rerun with --trace-every-step for the layer trace.",
     ],
 }
+# every label of the micro-batch is ignore_index: the data is the problem; an epsilon would train on nothing, silently
+ALL_IGNORED_SUGGESTIONS = [
+    "Fix the data first: every label of this micro-batch is ignore_index, so it carries nothing to learn. Find why "
+    "(a response template that never matches after tokenisation, prompts truncated past the answer, a collate "
+    "that masks everything) and drop or repair such samples.",
+    "Average over the labelled tokens of the whole step, not per micro-batch: sum the token losses and divide by "
+    "the step's count of labels (the HF Trainer passes it as `num_items_in_batch`); a micro-batch without labels "
+    "then adds 0 instead of 0/0, and a step without any is skipped on purpose.",
+]
 # only for an origin inside the built-in model (debug_nan.model): advice in the built-in pipeline's own terms
 BUILTIN_SUGGESTIONS = {
     "all_masked_softmax": ["For the built-in AAM pipeline: run with --guards (the default)."],
