@@ -190,10 +190,12 @@ def poly_lr_clamped():
     return _poly(3, clamp=True)
 
 
-# -- a NaN saved into a checkpoint: resuming from it -------------------------------------------------------------
+# -- a NaN saved into a checkpoint: Rikorose/DeepFilterNet#30 (the last checkpoint holds NaN weights),
+#    NVIDIA-NeMo/RL#3544 (restoring the optimizer state gives NaN losses), NVIDIA/tacotron2#283 (NaN right after
+#    restarting from the last checkpoint, answered with "reduce the learning rate") -----------------------------
 def resumed_model():
     """Resumed with --checkpoint from a file whose `0.weight` (or Adam's exp_avg_sq of it) holds NaN, written by
-    the run that saved it. Expected: step (checkpoint step + 1), the named tensor, nonfinite_parameter, the
+    the run that saved it: nothing in the resumed run writes it, so no learning rate can be the cause. Expected: step (checkpoint step + 1), the named tensor, nonfinite_parameter, the
     explanation naming the checkpoint; no "lower the learning rate"."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1), nn.Flatten(0))

@@ -82,6 +82,7 @@ class History:
         self.nonfinite: dict[tuple[str, str], NonfiniteSeries] = {}  # (where, name) -> series, first seen first
         self.stride = 1  # older steps keep their per-layer values when step % stride == 0
         self._sparse = 0  # how many steps before the recent window still have them
+        self.first_harm_step: int | None = None  # the first step whose loss, gradients or parameters went non-finite
 
     def begin(self, step: int) -> StepRecord:
         rec = StepRecord(step)
@@ -132,6 +133,8 @@ class History:
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
                 series.add(rec.step, check.nonfinite)
+        if result.harm() is not None and self.first_harm_step is None:
+            self.first_harm_step = rec.step
         if result.harm() is not None:  # rare: mark the series seen in this step
             for series in self.nonfinite.values():
                 if series.last == rec.step and rec.step not in series.harmed and len(series.harmed) < MAX_RUNS:
@@ -156,6 +159,10 @@ class History:
             if series.harmed:
                 harmed.append((series, line + f"; in step {', '.join(map(str, series.harmed))} the loss, a gradient "
                                               f"or a parameter also went non-finite (see the finding)"))
+            elif self.first_harm_step is not None and self.first_harm_step > series.runs[0][0]:
+                # harm came in a later step: a value kept in state (a buffer) may have carried it there
+                quiet.append(line + f"; the loss, gradients and parameters stayed finite in those steps (harm came "
+                                    f"at step {self.first_harm_step}: see the finding)")
             else:
                 quiet.append(line + "; it never reached the loss, a gradient or a parameter")
         notes = quiet[:MAX_NOTES] + ([f"... and {len(quiet) - MAX_NOTES} more outputs like these"]

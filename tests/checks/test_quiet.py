@@ -36,3 +36,19 @@ def test_huge_finite_activations_but_not_mask_constants():
                  {"activations": {"blk": 2e22, "nan": float("nan"), "inf": float("inf")}})
     out = quiet_warnings(h)
     assert len(out) == 1 and out[0].startswith("`blk` output reached max |x| = 2e+22 at step 2")
+
+
+def test_a_note_never_says_never_reached_when_harm_came_later():
+    import numpy as np
+
+    from debug_nan.checks.watch_result import MicroResult, Segment
+
+    h = History()
+    for step, (out, loss) in enumerate([(np.nan, 1.0), (1.0, np.nan)], start=1):
+        rec = h.begin(step)
+        lo = np.array([out])
+        h.add_micro(rec, MicroResult([Segment("forward", ["vq"], np.array([out]), ~np.isfinite(lo), lo, lo),
+                                      Segment("loss", [""], np.array([loss]), ~np.isfinite(np.array([loss])))]), True)
+    (note,) = h.nonfinite_notes()
+    assert note == ("`vq` output holds NaN in step 1; the loss, gradients and parameters stayed finite in those "
+                    "steps (harm came at step 2: see the finding)")

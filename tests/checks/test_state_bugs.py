@@ -77,6 +77,7 @@ def test_poly_schedule_clamped_is_clean(run_cli):
     ("weight", "0.weight", "optimizer"), ("adam", "0.weight (optimizer exp_avg_sq)", "optimizer"),
 ])
 def test_nan_loaded_from_a_checkpoint_is_named_as_the_checkpoints(run_cli, tmp_path, poison, name, phase):
+    """Rikorose/DeepFilterNet#30, NVIDIA-NeMo/RL#3544, NVIDIA/tacotron2#283."""
     from tests.state_bugs import save_checkpoint
 
     path = tmp_path / f"{poison}.pt"
