@@ -362,3 +362,26 @@ def completion_labels_all_ignored_clamped():
 def completion_template_found():
     """The fix (the template as the text tokenises it): labels on the answers; clean, no warning."""
     return _completion_lm(RESPONSE, "mean")
+
+
+# -- evidence that agrees with the notes: an Inf that a module output showed, dropped by the loss --------------------
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 2)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.stack([h[:, 0], torch.exp(80 * h[:, 1])], 1)  # a scale head that overflows float32
+
+
+def dropped_head_output():
+    """The scale head's exp overflows to Inf in the module output `head`, the loss reads only column 0, and the
+    backward of exp multiplies the zero gradient by Inf: NaN gradients. Expected: forward, module `head`,
+    aten.exp.default, inf, overflow; the evidence says module output `head` held it (as the note does), not that
+    it was hidden before every module output."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"head": TwoHeads()})
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m["head"](b["x"])[:, 0], b["y"]),
+                           batches=_batches(2, lambda i, g: {"x": torch.randn(8, D, generator=g),
+                                                            "y": torch.randn(8, generator=g)}))

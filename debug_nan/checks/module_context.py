@@ -24,7 +24,7 @@ ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origi
 
 class ModuleContext:
     def __init__(self, model: nn.Module, on_output=None):
-        """on_output(output): called after each module's forward (with the module's output)."""
+        """on_output(output, path): called after each module's forward (with the module's output and path)."""
         self.model = model
         self.names = {m: n for n, m in model.named_modules()}
         self.stack: list[str] = []
@@ -112,4 +112,4 @@ class ModuleContext:
             node.metadata[TAG] = name
             todo.extend(n for n, _ in node.next_functions if n is not None)
         if self.on_output is not None:
-            self.on_output(output)
+            self.on_output(output, name)

@@ -32,6 +32,7 @@ class Pinpointer:
         self.driver = driver
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
         self._hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
+        self._nonfinite_outputs: list = []  # module outputs the last replay saw holding NaN/Inf (tracer's)
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -93,6 +94,7 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
+                self._nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it
                     origin = tracer.first
@@ -275,9 +277,13 @@ class Pinpointer:
                       error: BaseException | None, reached: list[str] | None = None) -> Finding:
         cause, explanation, suggestions = diagnose(event, raw)
         if check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
-            explanation += (" The value was hidden before any module output or the loss (e.g. by torch.where or "
-                            "nan_to_num), but it still leaked: only the gradients went non-finite, since backward "
-                            "multiplies it by 0 and 0 * inf = NaN.")
+            related = {event.id} | {e.id for e in event.inf_sources}
+            shown = [p or "<model>" for p, ids in self._nonfinite_outputs if ids & related]
+            where = (f"The loss stayed finite although module output `{shown[0]}` held the value (it was dropped "
+                     f"or masked after it, e.g. by torch.where, indexing or nan_to_num)" if shown else
+                     "The value was hidden before any module output or the loss (e.g. by torch.where or nan_to_num)")
+            explanation += (f" {where}, but it still leaked: only the gradients went non-finite, since backward "
+                            f"multiplies it by 0 and 0 * inf = NaN.")
         module, kind_of_module = event.module, event.module_type
         if event.phase == "optimizer":
             param, explanation, replaced = self._optimizer_explanation(reached or [], explanation)

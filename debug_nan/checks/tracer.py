@@ -70,6 +70,8 @@ class Tracer(TorchDispatchMode):
         self.first: OpEvent | None = None  # the first origin in time (NaN birth, or an Inf from finite inputs)
         self.ops_seen = 0
         self.module_inf: OpEvent | None = None  # a deliberate Inf (a mask) that reached a module output
+        # module outputs that held NaN/Inf: (path, the origins they descend from), in order, at most 64
+        self.nonfinite_outputs: list[tuple[str, frozenset]] = []
         self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
@@ -142,8 +144,19 @@ class Tracer(TorchDispatchMode):
         first; empty otherwise."""
         return list(event.inf_sources)
 
-    def _module_output(self, output) -> None:
-        """After each module's forward: does the last deliberate Inf (a mask) reach a module output?"""
+    def _module_output(self, output, path: str = "") -> None:
+        """After each module's forward: does the last deliberate Inf (a mask) reach a module output? And, once any
+        value is non-finite, which module outputs hold NaN/Inf (`nonfinite_outputs`: a finding must not say the
+        value was hidden before every module output when one showed it)."""
+        if len(self.lineage) and len(self.nonfinite_outputs) < 64:
+            with _disable_current_modes():
+                flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+                ids = set()
+                for t, (nan, inf) in zip(flat, nonfinite_flags(flat)):
+                    entry = self.lineage.get(t) if nan or inf else None
+                    ids |= (entry[0] | entry[1]) if entry is not None else set()
+                if ids:
+                    self.nonfinite_outputs.append((path, frozenset(ids)))
         if self.first is None and self.module_inf is None and self._last_inf is not None:
             with _disable_current_modes():
                 for t in tree_flatten(output)[0]:

@@ -153,3 +153,12 @@ def test_a_running_variance_overflowing_quietly_is_a_note_and_a_warning(run_cli)
     assert any(n.startswith("buffer `1.running_var` turned INF at step 2, micro-batch 1, written by "
                             "aten.native_batch_norm.default in forward (module `1`)") for n in run.report["notes"])
     assert run.report["warnings"] and run.report["warnings"][0].startswith("`0` output reached max |x| = 2.94e+30")
+
+
+def test_evidence_agrees_with_the_module_output_note(run_cli):
+    run = run_cli(*task("dropped_head_output", "--max-steps", "2"))
+    f = run.first
+    assert (f["phase"], f["module"], f["op"], f["cause"]) == ("forward", "head", "aten.exp.default", "overflow")
+    assert "The loss stayed finite although module output `head` held the value" in f["explanation"]
+    assert "hidden before any module output" not in f["explanation"]
+    assert any(n.startswith("`head` output holds +inf in step 2") for n in run.report["notes"])
