@@ -8,6 +8,7 @@ bundle's micro-batches, loads the state from just before the failing step, and r
 
 from __future__ import annotations
 
+import re
 import time
 
 import debug_nan
@@ -98,9 +99,15 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
         raise InputError(message) from None
     if finding is not None:
         recorded = data["finding"]
-        result.notes.append("Same origin as recorded in the bundle." if same_origin(recorded, finding) else
-                            f"The recorded origin was {recorded['module']} {recorded['op']} ({recorded['cause']}); "
-                            f"the replay differs (non-determinism or another device).")
+        written = re.search(r"wrote buffer `([^`]+)` at step (\d+)", recorded.get("explanation") or "")
+        if written and finding.explanation.startswith(f"buffer `{written[1]}`"):  # a writer of an earlier step
+            result.notes.append(f"The recorded origin, {recorded['op']} at step {written[2]}, wrote buffer "
+                                f"`{written[1]}`; the bundle holds the later step where that buffer reached the "
+                                f"harm, so its replay meets the buffer already non-finite, as recorded.")
+        else:
+            result.notes.append("Same origin as recorded in the bundle." if same_origin(recorded, finding) else
+                                f"The recorded origin was {recorded['module']} {recorded['op']} "
+                                f"({recorded['cause']}); the replay differs (non-determinism or another device).")
     elif not result.interrupted:
         result.notes.append("The replay did not reproduce a non-finite value.")
     if trainer is not None:

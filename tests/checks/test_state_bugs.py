@@ -162,3 +162,12 @@ def test_evidence_agrees_with_the_module_output_note(run_cli):
     assert "The loss stayed finite although module output `head` held the value" in f["explanation"]
     assert "hidden before any module output" not in f["explanation"]
     assert any(n.startswith("`head` output holds +inf in step 2") for n in run.report["notes"])
+
+
+def test_the_bundle_of_a_buffer_writers_finding_replays_as_recorded(run_cli, tmp_path):
+    run = run_cli(*task("vqvae_ema_dead_code", "--max-steps", "3"))
+    bundle = run.first["bundle"]
+    again = run_cli("replay", bundle)
+    assert again.code == 1, again.output
+    assert any(n.startswith("The recorded origin, aten.div.Tensor at step 1, wrote buffer `vq.embed`")
+               for n in again.report["notes"]), again.output
