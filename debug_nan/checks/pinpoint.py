@@ -112,9 +112,12 @@ class Pinpointer:
         what = ", ".join(f"`{c.name}` ({c.nonfinite.upper()})" for c in new)
         d.log(f"  [watch] buffer {what} turned non-finite at step {inputs.step}, micro-batch {micro}, no harm yet: "
               f"replaying that forward under the op-level tracer to name the op that wrote it", "yellow")
-        if inputs.snapshot is None or not inputs.snapshot.kept:
+        why = ("not replayed (no snapshot)" if inputs.snapshot is None or not inputs.snapshot.kept else
+               "not replayed under torchrun (one rank replaying alone would fall out of step with the others)"
+               if getattr(d, "dist", None) is not None else None)
+        if why is not None:
             for c in new:
-                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, "not replayed (no snapshot)"))
+                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, why))
             return
         origins, raw, rng = {}, inputs.batches[micro - 1], capture_rng(d.device)
         live = inputs.snapshot.restore_buffers()
