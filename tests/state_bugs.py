@@ -385,3 +385,30 @@ def dropped_head_output():
     return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m["head"](b["x"])[:, 0], b["y"]),
                            batches=_batches(2, lambda i, g: {"x": torch.randn(8, D, generator=g),
                                                             "y": torch.randn(8, generator=g)}))
+
+
+# -- a buffer written outside the forward: an update after the optimizer step --------------------------------------
+def buffer_written_after_the_step():
+    """A weight average kept in a buffer by an optimizer step hook, `avg = sum / count` with a count that is 0 after
+    step 2 (a reset bug): the buffer turns NaN outside the forward and loss, which no replay runs. Expected: clean
+    (the buffer is never read), and a note that says where it could not be traced, not a made-up op."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 1), nn.Flatten(0))
+    model.register_buffer("avg", torch.zeros(1, D))
+
+    def optimizer(params):
+        opt = torch.optim.SGD(params, lr=0.01)
+        steps = [0]
+
+        def average(*_):
+            steps[0] += 1
+            count = 0.0 if steps[0] == 2 else float(steps[0])
+            with torch.no_grad():
+                model.avg.copy_(model[0].weight * steps[0] / count)
+
+        opt.register_step_post_hook(average)
+        return opt
+
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]), optimizer=optimizer,
+                           batches=_batches(4, lambda i, g: {"x": torch.randn(4, D, generator=g),
+                                                            "y": torch.randn(4, generator=g)}))

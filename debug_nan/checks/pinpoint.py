@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from debug_nan.checks.buffer_writers import BufferWriters, Written
+from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
@@ -121,6 +122,7 @@ class Pinpointer:
             return
         origins, raw, rng = {}, inputs.batches[micro - 1], capture_rng(d.device)
         live = inputs.snapshot.restore_buffers()
+        before = {c.name for c in new if has_nonfinite(d.model.get_buffer(c.name))}  # as the step began
         try:
             with d.watch_paused():
                 for i in range(micro - 1):  # the buffers as the earlier micro-batches left them (forward only)
@@ -142,9 +144,12 @@ class Pinpointer:
             restore_rng(rng, d.device)
         for c in new:
             event = origins.get(c.name)
-            if event is None:
-                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None,
-                                         "the replay of that forward left it finite (state outside the replay)"))
+            if event is None or c.name in before:
+                why = (f"not traced: it was non-finite already when step {inputs.step} began, so it was written "
+                       f"outside a forward and loss (an optimizer hook, an update after the optimizer step, a load), "
+                       f"which no replay runs" if c.name in before else
+                       "not traced: the replay of that forward left it finite (state the replay does not restore)")
+                self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, why))
                 continue
             finding = (data_finding(inputs.step, micro, raw, Check("data", event.label, 1.0))
                        if event.phase == "data" else self.event_finding(inputs.step, micro, event, raw, None, None))

@@ -171,3 +171,11 @@ def test_the_bundle_of_a_buffer_writers_finding_replays_as_recorded(run_cli, tmp
     assert again.code == 1, again.output
     assert any(n.startswith("The recorded origin, aten.div.Tensor at step 1, wrote buffer `vq.embed`")
                for n in again.report["notes"]), again.output
+
+
+def test_a_buffer_written_after_the_optimizer_step_is_a_note_without_a_made_up_op(run_cli):
+    run = run_cli(*task("buffer_written_after_the_step", "--max-steps", "4"))
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    (note,) = [n for n in run.report["notes"] if n.startswith("buffer `avg`")]
+    assert note.startswith("buffer `avg` turned INF at step 3, micro-batch 1, not traced: it was non-finite already "
+                           "when step 3 began, so it was written outside a forward and loss"), note

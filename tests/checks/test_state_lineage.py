@@ -1,6 +1,7 @@
 """NaN that lives in state: ops that write buffers without saying so in their schema (batch norm's running
 statistics), buffers poisoned in one step and harmful in a later one."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -83,3 +84,22 @@ def test_a_buffer_that_turns_finite_again_and_then_non_finite_is_reported_again(
     assert watch.sync().new_nonfinite_buffers == []
     model[1].running_var[0] = float("inf")
     assert [(c.name, c.nonfinite) for c in watch.sync().new_nonfinite_buffers] == [("1.running_var", "inf")]
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("scale", torch.tensor([1.0, float("inf")]))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("poisoned, deliberate", [(frozenset(), True), (frozenset({"scale"}), False)])
+def test_an_inf_buffer_the_run_saw_turn_inf_is_no_deliberate_mask(poisoned, deliberate):
+    model = Scaled()
+    with Tracer(model, poisoned=poisoned) as tracer:
+        loss = model(torch.ones(3, 2)).sum()
+        origin = tracer.origin_of(loss)
+    assert origin.label == "buffer `scale`" and origin.deliberate is deliberate
