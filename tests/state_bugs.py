@@ -76,7 +76,8 @@ def vqvae_ema_smoothed():
     return _vqvae(smoothing=True)
 
 
-# -- a hand-written BatchNorm whose running variance is unbiased: facebookresearch/SparseConvNet#190 ----------------
+# -- a hand-written BatchNorm whose running variance is unbiased: facebookresearch/SparseConvNet#190, torch/nn#1271
+#    (the same NaN in Lua torch's BatchNormalization.running_var, fixed there for batches of one) ------------------
 class RunningNorm(nn.Module):
     """BatchNorm semantics written by hand (as SparseConvNet's): the batch is normalised with the biased variance
     (finite for one sample: 0 + eps), the running variance is updated with the unbiased one, n / (n - 1), which
@@ -412,3 +413,50 @@ def buffer_written_after_the_step():
     return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]), optimizer=optimizer,
                            batches=_batches(4, lambda i, g: {"x": torch.randn(4, D, generator=g),
                                                             "y": torch.randn(4, generator=g)}))
+
+
+# -- a running target normaliser fed one-sample batches: pokaxpoka/B_Pref#3 ------------------------------------------
+class TargetNormaliser(nn.Module):
+    """TorchRunningMeanStd as in the thread: the targets are standardised with the running statistics, which are
+    then merged with the batch's, using the batch's UNBIASED variance (NaN for a batch of one element)."""
+
+    def __init__(self, unbiased: bool):
+        super().__init__()
+        self.unbiased = unbiased
+        self.register_buffer("mean", torch.zeros(()))
+        self.register_buffer("var", torch.ones(()))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    def forward(self, y):
+        out = (y - self.mean) / torch.sqrt(self.var + 1e-8)
+        with torch.no_grad():
+            n, batch_mean, batch_var = y.numel(), y.mean(), y.var(correction=1 if self.unbiased else 0)
+            delta, total = batch_mean - self.mean, self.count + n
+            self.var.copy_((self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total)
+            self.mean.add_(delta * n / total)
+            self.count.copy_(total)
+        return out
+
+
+def _target_norm(unbiased: bool):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"net": nn.Sequential(nn.Linear(D, 1), nn.Flatten(0)), "norm": TargetNormaliser(unbiased)})
+
+    def make(i, g):
+        n = 1 if i == 1 else 8  # the second batch holds one transition
+        return {"x": torch.randn(n, D, generator=g), "y": 5 + 3 * torch.randn(n, generator=g)}
+
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m["net"](b["x"]), m["norm"](b["y"])),
+                           batches=_batches(4, make))
+
+
+def target_normaliser_one_sample():
+    """Step 2's batch has one element: its unbiased variance is 0/0 and the update writes NaN into buffer
+    `norm.var` (step 2's loss used the old statistics: finite). Step 3 standardises with NaN. Expected: step 2,
+    forward, module `norm` (TargetNormaliser), aten.var.correction, nan, div_by_zero; the harm at step 3."""
+    return _target_norm(unbiased=True)
+
+
+def target_normaliser_biased():
+    """The fix the thread proposes (the biased batch variance, 0 for one element): clean."""
+    return _target_norm(unbiased=False)

@@ -15,6 +15,7 @@ def task(name: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize("name, extra", [
     ("vqvae_ema_smoothed", ()), ("running_var_biased", ("--eval-every", "2")), ("conv_input_normalised", ()),
     ("vae_logvar_clamped", ("--explosion-threshold", "1e12")), ("weight_norm_random_init", ()),
+    ("target_normaliser_biased", ()),
 ])
 def test_fixed_versions_are_clean(run_cli, name, extra):
     run = run_cli(*task(name, "--max-steps", "3", *extra))
@@ -37,7 +38,7 @@ def test_ema_codebook_dead_code_names_the_step_that_wrote_the_buffer(run_cli):
 
 
 def test_running_variance_of_one_sample_is_named_in_training_not_in_eval(run_cli):
-    """facebookresearch/SparseConvNet#190."""
+    """facebookresearch/SparseConvNet#190, torch/nn#1271."""
     run = run_cli(*task("running_var_of_one_sample", "--max-steps", "3", "--eval-every", "2"))
     f = run.first
     assert run.code == 1 and (f["step"], f["micro_step"], f["phase"]) == (2, 1, "forward")
@@ -179,3 +180,13 @@ def test_a_buffer_written_after_the_optimizer_step_is_a_note_without_a_made_up_o
     (note,) = [n for n in run.report["notes"] if n.startswith("buffer `avg`")]
     assert note.startswith("buffer `avg` turned INF at step 3, micro-batch 1, not traced: it was non-finite already "
                            "when step 3 began, so it was written outside a forward and loss"), note
+
+
+def test_a_target_normaliser_poisoned_by_one_sample_names_that_step(run_cli):
+    """pokaxpoka/B_Pref#3."""
+    run = run_cli(*task("target_normaliser_one_sample", "--max-steps", "4"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["micro_step"], f["phase"]) == (2, 1, "forward")
+    assert (f["module"], f["module_type"], f["op"]) == ("norm", "TargetNormaliser", "aten.var.correction")
+    assert (f["kind"], f["cause"]) == ("nan", "div_by_zero")
+    assert "wrote buffer `norm.var` at step 2" in f["explanation"] and "at step 3, micro-batch 1" in f["explanation"]
