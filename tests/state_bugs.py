@@ -149,6 +149,14 @@ def conv_overflow_into_batch_norm():
     return _conv_bn(1e38, normalise=False)
 
 
+def conv_overflow_into_batch_norm_fp16():
+    """The thread as it happened, under fp16 autocast: a sample of constant 3e4 (fp16 holds it) makes the fp16 convolution exceed
+    65504; BatchNorm (run in float32 by autocast) gets the Inf and writes NaN into its running statistics, a step
+    GradScaler would silently skip. Expected (--precision fp16): step 2, forward, module `0`,
+    aten.convolution.default, inf, overflow (float64 gives about 8.8e4: beyond fp16, not a pole)."""
+    return _conv_bn(3e4, normalise=False)
+
+
 def conv_large_input_quietly_poisons_running_var():
     """The thread's quiet half: a sample of constant 1e30 stays finite through the convolution (about 1e31), but
     its variance (1e62) overflows float32 inside native_batch_norm, which writes +Inf into `1.running_var`; the

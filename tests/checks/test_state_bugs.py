@@ -190,3 +190,12 @@ def test_a_target_normaliser_poisoned_by_one_sample_names_that_step(run_cli):
     assert (f["module"], f["module_type"], f["op"]) == ("norm", "TargetNormaliser", "aten.var.correction")
     assert (f["kind"], f["cause"]) == ("nan", "div_by_zero")
     assert "wrote buffer `norm.var` at step 2" in f["explanation"] and "at step 3, micro-batch 1" in f["explanation"]
+
+
+def test_inf_into_a_batch_norm_under_fp16_autocast(run_cli):
+    """pytorch/pytorch#90342 as reported (AMP): the fp16 convolution overflows, not the buffer, not the cast."""
+    run = run_cli(*task("conv_overflow_into_batch_norm_fp16", "--max-steps", "3", "--precision", "fp16"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["phase"], f["module"]) == (2, "forward", "0")
+    assert (f["op"], f["kind"], f["cause"]) == ("aten.convolution.default", "inf", "overflow")
+    assert "the float16 maximum 65504" in f["explanation"]
