@@ -103,3 +103,27 @@ def test_an_inf_buffer_the_run_saw_turn_inf_is_no_deliberate_mask(poisoned, deli
         loss = model(torch.ones(3, 2)).sum()
         origin = tracer.origin_of(loss)
     assert origin.label == "buffer `scale`" and origin.deliberate is deliberate
+
+
+def test_a_training_step_of_a_batchnorm_model_keeps_one_sync_per_micro_batch():
+    import io
+    import itertools
+
+    from debug_nan.report.log import Log
+    from debug_nan.settings import build_settings
+    from debug_nan.train.loop import Trainer
+    from debug_nan.train.task import Task
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(5, 6, generator=g), "y": torch.randn(5, 1, generator=g)} for _ in range(3)]
+    task = Task(model=model, batches=batches, loss=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+                optimizer=lambda p: torch.optim.SGD(p, lr=1e-2))
+    trainer = Trainer(task, build_settings(None, {"device": "cpu", "gradient_accumulation_steps": 2}),
+                      Log(stream=io.StringIO()))
+    stream = itertools.cycle(task.batches)
+    for step in range(1, 4):
+        with HostSyncs() as syncs:
+            finding, _ = trainer.train_step(step, stream, None)
+        assert finding is None and syncs.count == 2, syncs.what
