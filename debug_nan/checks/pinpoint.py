@@ -5,6 +5,11 @@ scheduler), re-run the step's earlier micro-batches with their RNG states (so ac
 then replay the failing micro-batch under the operator-level Tracer through forward, loss, backward and, for a
 parameter trip, the optimizer step. The tracer's first origin is diagnosed (tier 3). Everything runs through
 the `StepDriver` seam, so the CLI's Trainer and the API's Monitor share this one replay.
+
+State: a buffer the watch saw turn non-finite without harm is traced at once (trace_buffer_writers) and its
+writer becomes the finding if later harm meets the buffer (buffer_writers.py); a non-finite state met in the run's
+first step is the checkpoint's or the task's (start_state.py); an optimizer-phase origin is told with the step's
+own param_groups (optimizer_evidence.py).
 """
 
 from __future__ import annotations
@@ -14,14 +19,14 @@ from dataclasses import replace
 import torch
 
 from debug_nan.checks.buffer_writers import BufferWriters, Written
-from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_of_memory
+from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
 from debug_nan.checks.optimizer_evidence import StepHyperparameters, optimizer_explanation, read_hyperparameters
-from debug_nan.checks.start_state import is_start_state, start_state_finding
 from debug_nan.checks.snapshot import capture_rng, restore_rng
+from debug_nan.checks.start_state import is_start_state, start_state_finding
 from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
 from debug_nan.checks.watch import Check, param_and_state_tensors
