@@ -199,3 +199,10 @@ def test_inf_into_a_batch_norm_under_fp16_autocast(run_cli):
     assert run.code == 1 and (f["step"], f["phase"], f["module"]) == (2, "forward", "0")
     assert (f["op"], f["kind"], f["cause"]) == ("aten.convolution.default", "inf", "overflow")
     assert "the float16 maximum 65504" in f["explanation"]
+
+
+def test_a_buffer_written_in_an_earlier_micro_batch_of_the_same_step(run_cli):
+    run = run_cli(*task("vqvae_ema_dead_code", "--max-steps", "3", "--gradient-accumulation-steps", "2"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["micro_step"], f["op"]) == (1, 1, "aten.div.Tensor")
+    assert "at step 1, micro-batch 2 it reached the harm" in f["explanation"]
