@@ -468,3 +468,15 @@ def target_normaliser_one_sample():
 def target_normaliser_biased():
     """The fix the thread proposes (the biased batch variance, 0 for one element): clean."""
     return _target_norm(unbiased=False)
+
+
+def nan_initialised_weight():
+    """A custom init scales a layer by 1 / fan_in with a fan-in computed as 0 (a zero-size dimension counted): its
+    weight is Inf/NaN before the first step. Expected: step 1, the weight named as non-finite before the run's
+    first step, not "an earlier step"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1), nn.Flatten(0))
+    with torch.no_grad():
+        model[2].weight.mul_(0.0).div_(0.0)  # 0 * w / 0: the init's 0/0
+    return SimpleNamespace(model=model, loss=lambda m, b: F.mse_loss(m(b["x"]), b["y"]), batches=_batches(
+        2, lambda i, g: {"x": torch.randn(4, D, generator=g), "y": torch.randn(4, generator=g)}))

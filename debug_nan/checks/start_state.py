@@ -21,8 +21,8 @@ CHECKPOINT_SUGGESTIONS = [
     "OLDER.pt) to name the op that wrote it, and check the saving code saves the state it means to.",
 ]
 INIT_SUGGESTIONS = [
-    "The model was non-finite before its first step: check the task's initialisation (a custom init dividing by "
-    "a zero fan-in, a tensor created with torch.empty and never filled, weights loaded from a broken file).",
+    "The model was non-finite before its first step: check its initialisation (a custom init dividing by a zero "
+    "fan-in, a tensor created with torch.empty and never filled) or the file its weights were loaded from.",
 ]
 
 
@@ -56,8 +56,9 @@ def start_state_finding(step: int, micro: int, event: OpEvent, raw, watch: str |
                        f"it; the first step used it and the harm followed.")
         suggestions = list(CHECKPOINT_SUGGESTIONS)
     else:
-        explanation = (f"{what} was non-finite before step {step}, the first step of this run: the task built the "
-                       f"model (or its optimizer state) so; no step of this run wrote it.")
+        explanation = (f"{what} was non-finite before step {step}, the first step of this run: the model (or its "
+                       f"optimizer state) came in so, as built or loaded before training; no step of this run "
+                       f"wrote it.")
         suggestions = list(INIT_SUGGESTIONS)
     if event.source:
         explanation += f" First used at {event.source}."

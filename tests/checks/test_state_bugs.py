@@ -206,3 +206,12 @@ def test_a_buffer_written_in_an_earlier_micro_batch_of_the_same_step(run_cli):
     f = run.first
     assert run.code == 1 and (f["step"], f["micro_step"], f["op"]) == (1, 1, "aten.div.Tensor")
     assert "at step 1, micro-batch 2 it reached the harm" in f["explanation"]
+
+
+def test_a_weight_non_finite_before_the_first_step_is_not_blamed_on_an_earlier_step(run_cli):
+    run = run_cli(*task("nan_initialised_weight", "--max-steps", "2"))
+    f = run.first
+    assert run.code == 1 and (f["step"], f["module"], f["cause"]) == (1, "2", "nonfinite_parameter")
+    assert "`2.weight` [1, 8] holds 8 NaN" in f["explanation"]
+    assert "before step 1, the first step of this run" in f["explanation"] and "earlier step" not in f["explanation"]
+    assert f["suggestions"][0].startswith("The model was non-finite before its first step")
