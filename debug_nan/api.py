@@ -155,11 +155,19 @@ class Monitor:
 
     def close(self) -> None:
         """Remove the hooks from the model and the optimizer (they are left as they were); the monitor cannot be
-        used again."""
+        used again until attach()."""
         self.watch.close()
         if self._hook is not None:
             self._hook.remove()
+            self._hook = None
         self.closed = True
+
+    def attach(self) -> None:
+        """Register the hooks again after close() (the state the monitor holds is kept)."""
+        self.watch.attach()
+        if self._hook is None and self.optimizer is not None:
+            self._hook = self.optimizer.register_step_post_hook(self._stepped)
+        self.closed = False
 
     def __enter__(self) -> Monitor:
         return self
