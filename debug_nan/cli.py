@@ -106,6 +106,12 @@ RUN_OPTIONS = [
     _opt("--log", type=click.Path(dir_okay=False), help="Write a copy of the text log here."),
     _opt("--plot", type=click.Path(dir_okay=False), help="Heat map of the per-layer history (PNG; needs "
                                                          "matplotlib)."),
+    _opt("--history", type=click.Choice(CHOICES["history"]), help="The per-layer history before the summary: "
+         "compact (one screen: deep models grouped by block) or full (every module with parameters)."),
+    _opt("--quiet/--no-quiet", help="Print only the header, one line per step and the summary."),
+    _opt("--tensorboard", type=click.Path(file_okay=False), help="Write the history (loss, lr, loss scale, per-layer "
+         "max |activation| and gradient norm) as TensorBoard scalars and the finding as text into this folder at "
+         "the end of the run (needs tensorboard)."),
 ]
 
 

@@ -219,6 +219,8 @@ class Trainer:
                 break
             grad_norms = outcome.grad_norms
         record.finish()
+        if self.scaler is not None:  # read after the last micro-batch's sync, before update(): nearly free
+            record.loss_scale = self.scaler.get_scale()
         if record.scaler_skipped:
             self.optimizer.zero_grad(set_to_none=True)
             self.log(self.precision.skip_step())
