@@ -25,8 +25,9 @@ def sparkline(values: list[float | None], width: int | None = None) -> str:
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if finite:
         lo, hi = math.log10(min(finite)), math.log10(max(finite))
-        pad = max(0.0, MIN_DECADES - (hi - lo)) / 2
-        lo, hi = lo - pad, hi + pad
+        if hi - lo < MIN_DECADES:  # centred on the middle of a bar (not between two), so steady draws flat
+            lo = (lo + hi) / 2 - 4.5 / 8 * MIN_DECADES
+            hi = lo + MIN_DECADES
     out = []
     for v in values:
         if v is None:

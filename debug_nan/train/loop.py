@@ -210,6 +210,8 @@ class Trainer:
         grad_norms = None
         for micro in range(1, self.accumulation_steps + 1):
             outcome = self.micro_step(inputs, micro, stream, record, previous)
+            if micro == 1 and self.scaler is not None:  # the step's scale, read after the sync: nearly free
+                record.loss_scale = self.scaler.get_scale()
             if micro == 1 and not outcome.blames_last_update:  # step - 1 is not replayed: its copy can go
                 inputs.snapshot.save()
             finding = self.decide(outcome)
@@ -219,8 +221,6 @@ class Trainer:
                 break
             grad_norms = outcome.grad_norms
         record.finish()
-        if self.scaler is not None:  # read after the last micro-batch's sync, before update(): nearly free
-            record.loss_scale = self.scaler.get_scale()
         if record.scaler_skipped:
             self.optimizer.zero_grad(set_to_none=True)
             self.log(self.precision.skip_step())
