@@ -116,8 +116,9 @@ class History:
         return (f"every step's loss, gradient norm, lr, time and memory; per-layer values (max_abs_activation, "
                 f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them")
 
-    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
+    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool, loss_scale: float | None = None) -> None:
         rec.micro_batches += 1
+        rec.loss_scale = loss_scale if loss_scale is not None else rec.loss_scale
         outputs = result.values("forward")
         if not rec.activations:
             rec.activations = outputs

@@ -210,8 +210,6 @@ class Trainer:
         grad_norms = None
         for micro in range(1, self.accumulation_steps + 1):
             outcome = self.micro_step(inputs, micro, stream, record, previous)
-            if micro == 1 and self.scaler is not None:  # the step's scale, read after the sync: nearly free
-                record.loss_scale = self.scaler.get_scale()
             if micro == 1 and not outcome.blames_last_update:  # step - 1 is not replayed: its copy can go
                 inputs.snapshot.save()
             finding = self.decide(outcome)
@@ -278,7 +276,7 @@ class Trainer:
                 self.precision.unscale(self.optimizer)
         result = self.watch.sync(self.agree_codes, raised=outcome.error is not None, abort=outcome.abort is not None)
         if outcome.abort is None:
-            self.history.add_micro(record, result, last)
+            self.history.add_micro(record, result, last, self.precision.loss_scale())
         self.observer.layer_trace(micro, result.layer_stats)
         outcome.check, outcome.rank_codes = result.first_harm(), result.rank_codes
         return outcome

@@ -29,6 +29,10 @@ class Precision:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss
 
+    def loss_scale(self) -> float | None:
+        """The scale of this step (None without a scaler); read after the watch's sync, so nearly free."""
+        return None if self.scaler is None else self.scaler.get_scale()
+
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per step, after the last backward: the watch and clipping read true gradients."""
         if self.scaler is not None:
