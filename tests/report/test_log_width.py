@@ -1,6 +1,7 @@
 """The log fits the screen: every line of a real run within 100 columns, the history of a 32-block model one
 screen tall, --quiet, --version and the grouped --help."""
 
+import pytest
 from click.testing import CliRunner
 
 import debug_nan
@@ -9,6 +10,11 @@ from debug_nan.report.line_width import fit
 from tests.conftest import REPO
 
 DEEP = REPO / "tests" / "tasks" / "deep_stack.py"
+
+
+@pytest.fixture(autouse=True)
+def _default_width(monkeypatch):
+    monkeypatch.delenv("DEBUG_NAN_LOG_WIDTH")  # conftest turns wrapping off for the other tests
 
 
 def block(output: str, title: str) -> list[str]:
@@ -24,6 +30,17 @@ def test_fit_wraps_under_the_text():
     assert summary[1].startswith(" " * 15 + "x")  # under the summary's value column
     assert fit("a" * 250) == ["a" * 100, "  " + "a" * 98, "  " + "a" * 52]
     assert fit("short") == ["short"]
+
+
+def test_the_width_can_be_set_or_turned_off(monkeypatch, capsys):
+    from debug_nan.report.log import Log
+
+    monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
+    Log()("x " * 80)
+    monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "60")
+    Log()("y " * 40)
+    lines = capsys.readouterr().out.splitlines()
+    assert [len(line) for line in lines] == [160, 59, 21]
 
 
 def test_a_32_block_run_fits_100_columns_and_one_screen(run_cli, tmp_path):
