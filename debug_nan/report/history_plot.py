@@ -64,8 +64,9 @@ def plot_history(history: History, model: nn.Module, path: str, full: bool = Fal
     rows = build_rows(history, model, full, finding_module)
     labels = [row.label for row in rows]
     steps = [r.step for r in history.steps]
-    fig, axes = plt.subplots(1, 2, figsize=(7 + 0.35 * min(len(steps), 60), 2.6 + 0.22 * len(rows)),
-                             sharey=True, layout="constrained")
+    height = 2.6 + 0.22 * len(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(7 + 0.35 * min(len(steps), 60), height), sharey=True,
+                             layout="constrained")
     special = ListedColormap(["#00000000"] + [SPECIAL[k][0] for k in sorted(SPECIAL)])
     seen: set[int] = set()
     for ax, attr, title in ((axes[0], "acts", "max |activation|"), (axes[1], "grads", "gradient norm")):
@@ -83,7 +84,7 @@ def plot_history(history: History, model: nn.Module, path: str, full: bool = Fal
         ticks = range(0, len(steps), max(1, len(steps) // 20))
         ax.set_xticks(list(ticks), [str(steps[k]) for k in ticks], fontsize=7)
         ax.set_xlabel("step")
-        bar = fig.colorbar(image, ax=ax, fraction=0.06, pad=0.02)
+        bar = fig.colorbar(image, ax=ax, fraction=0.06, pad=0.02, shrink=min(1.0, 6 / height))
         bar.set_label("log10 of the finite values" if finite.size else "no finite value", fontsize=8)
         if not finite.size:
             bar.set_ticks([])
