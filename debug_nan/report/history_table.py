@@ -157,7 +157,8 @@ def _all_nonfinite(row: Row) -> bool:
 
 def legend(steps: int, trend: int, layers: int, rows: int, full: bool) -> list[str]:
     """What the sparklines' scale is, and how the rows were grouped."""
-    per = "one character per step" if steps <= trend else f"up to {-(-steps // trend)} steps per character (their largest)"
+    per = ("one character per step" if steps <= trend
+           else f"up to {-(-steps // trend)} steps per character (their largest)")
     lines = ["  trend: log scale over the row's range, at least 10x tall (steady values draw flat),",
              f"         {per}; ! NaN/Inf, _ exactly 0"]
     if not full and rows < layers:
