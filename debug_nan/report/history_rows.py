@@ -104,12 +104,12 @@ def block_of(path: str) -> tuple[str, str] | None:
 
 
 def _growth(acts: list[float | None], grads: list[float | None]) -> float:
-    """How much a block grew: last / first (or first / last) over its finite values, the larger of both series."""
+    """How much a block grew: last / first over its finite values, the larger of both series."""
     growth = 0.0
     for values in (acts, grads):
         finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
         if len(finite) >= 2:
-            growth = max(growth, finite[-1] / finite[0], finite[0] / finite[-1])
+            growth = max(growth, finite[-1] / finite[0])
     return growth
 
 
