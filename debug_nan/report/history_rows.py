@@ -95,10 +95,11 @@ def _covering(name: str, prefixes: dict[str, list[int]]) -> list[int]:
 
 
 def block_of(path: str) -> tuple[str, str] | None:
-    """(family, block) of a module path: `layers.17.mlp` -> ("layers", "layers.17"); None outside any block."""
+    """(family, block) of a module path: `layers.17.mlp` -> ("layers", "layers.17"), `3.weight` of a root
+    nn.Sequential -> ("", "3"); None outside any block."""
     parts = path.split(".")
     for k, part in enumerate(parts):
-        if _INDEX.match(part) and k:
+        if _INDEX.match(part):
             return ".".join(parts[:k]), ".".join(parts[:k + 1])
     return None
 
@@ -156,9 +157,9 @@ def _grouped(history, model, found, finding_module) -> list[Row]:
             (block, params), = fam.items()
             specs.append((block, type(modules[block]).__name__, [block], params))
             continue
-        first, last = (b.rsplit(".", 1)[1] for b in (next(iter(fam)), list(fam)[-1]))
+        first, last = (b.rsplit(".", 1)[-1] for b in (next(iter(fam)), list(fam)[-1]))
         kind = type(modules[next(iter(fam))]).__name__
-        specs.append((f"{name}.{first}..{last}", f"{kind} x {len(fam)}", list(fam),
+        specs.append((f"{name}.{first}..{last}" if name else f"{first}..{last}", f"{kind} x {len(fam)}", list(fam),
                       [p for params in fam.values() for p in params]))
         # with one step there is no growth to rank by: the range row and the block of the finding
         ranked = sorted(fam, key=lambda b: _growth(*per_block[b]), reverse=True)[:TOP_BLOCKS if steps > 1 else 0]

@@ -116,6 +116,18 @@ def test_small_models_keep_one_row_per_module():
     assert [(r.label, r.grads[0]) for r in rows] == [("0 (Linear)", 0.5), ("2 (Linear)", 1.0)]
 
 
+def test_a_deep_root_sequential_is_one_family():
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(40)])
+    history = History()
+    for step in (1, 2):
+        rec = history.begin(step)
+        rec.activations = {str(k): 1.0 + (step * 50.0 if k == 7 else 0.0) for k in range(40)}
+        rec.grad_norms = {f"{k}.weight": 0.1 for k in range(40)}
+    rows = build_rows(history, model)  # in model order: the range, then the 3 that grew most (7, then ties)
+    assert [r.label for r in rows] == ["0..39 (Linear x 40)", "0 (Linear)", "1 (Linear)", "7 (Linear)"]
+    assert rows[3].acts == [51.0, 101.0]
+
+
 def test_history_table_shows_growth_before_the_explosion(run_cli, tmp_path):
     plot = tmp_path / "h.png"
     run = run_cli("--task", f"{SCENARIOS}:high_lr", "--lr", "3", "--max-steps", "10", "--device", "cpu",
