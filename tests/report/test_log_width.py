@@ -90,3 +90,13 @@ def test_help_is_grouped_and_describes_the_task_interface():
     assert "--tensorboard DIRECTORY" in outputs and "--history [compact|full]" in outputs
     assert "loss(model, batch)" in out and "torchrun --nproc_per_node" in out
     assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_an_all_zero_tensor_has_no_headroom():
+    import torch
+
+    from debug_nan.checks.stats import tensor_stats
+
+    line = tensor_stats(torch.zeros(3)).line()
+    assert "headroom" not in line and "inf" not in line.lower().replace("+inf 0", "").replace("-inf 0", "")
+    assert "headroom 3.4e+38x" in tensor_stats(torch.ones(2)).line()
