@@ -276,7 +276,7 @@ class Trainer:
                 self.precision.unscale(self.optimizer)
         result = self.watch.sync(self.agree_codes, raised=outcome.error is not None, abort=outcome.abort is not None)
         if outcome.abort is None:
-            self.history.add_micro(record, result, last, self.precision.loss_scale())
+            self.history.add_micro(record, result, last, self.precision.loss_scale() if micro == 1 else None)
         self.observer.layer_trace(micro, result.layer_stats)
         outcome.check, outcome.rank_codes = result.first_harm(), result.rank_codes
         return outcome

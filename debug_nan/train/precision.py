@@ -30,7 +30,8 @@ class Precision:
         return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def loss_scale(self) -> float | None:
-        """The scale of this step (None without a scaler); read after the watch's sync, so nearly free."""
+        """The scale of this step (None without a scaler). One read per step (the first micro-batch's), after
+        the watch's sync, when the device has nothing queued: nearly free (GradScaler.step syncs every step anyway)."""
         return None if self.scaler is None else self.scaler.get_scale()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
