@@ -116,7 +116,7 @@ def history_lines(history: History, model: nn.Module, full: bool = False, findin
     rows = [r for r in rows if not _all_nonfinite(r)]
     fixed = 2 + 2 + 2 * (2 * NUMBER + 2) + 2  # indent, gaps, first/last pairs
     labels = [r.label for r in rows]
-    wanted = max(len(label) for label in labels)  # the labels first, the sparklines down to 5 characters
+    wanted = max(map(len, labels), default=0)  # the labels first, the sparklines down to 5 characters
     trend = max(1, min(n, MAX_TREND, max(5, (width - fixed - wanted) // 2)))
     column = max(5, trend)  # the sparkline column, at least as wide as its heading
     room = width - fixed - 2 * column
@@ -125,7 +125,7 @@ def history_lines(history: History, model: nn.Module, full: bool = False, findin
         labels = [label[len(prefix):] for label in labels]  # folded into the heading: `layer (under model.)`
     else:
         prefix = ""
-    if max(len(label) for label in labels) > room:  # the module types go first
+    if max(map(len, labels), default=0) > room:  # the module types go first
         labels = [label.rsplit(" (", 1)[0] for label in labels]
     labels = short_labels(labels, room)
     label_width = max(len(label) for label in labels + ["total gradient norm"])

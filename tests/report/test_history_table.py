@@ -84,6 +84,17 @@ def test_a_step_1_trip_folds_the_rows_that_are_nan_everywhere():
     assert "layers.0..31" in folded and "layers.17" in folded
 
 
+def test_every_row_nan_leaves_the_folded_line_and_the_total():
+    history, model = deep_history(1, nan_from=0)
+    rec = history.steps[0]
+    rec.activations = {name: math.nan for name in rec.activations}
+    rec.grad_norms = {name: math.nan for name in rec.grad_norms}
+    rec.grad_norm = math.nan
+    lines = history_lines(history, model)
+    assert lines[2].startswith("  NaN/Inf in every step run (both columns), 4 row(s): embed_tokens, layers.0..31,")
+    assert lines[3].split() == ["total", "gradient", "norm", "nan", "nan", "!"]
+
+
 def test_grouped_rows_measure_the_whole_block():
     history, model = deep_history(2, grow_block=5)
     rows = {row.name: row for row in build_rows(history, model, finding_module=None)}
