@@ -222,6 +222,8 @@ def tensorboard_texts(result) -> dict[str, str]:
     texts = {"status": f"{result.status}, {result.steps_run} step(s) run"}
     if result.finding is not None:
         texts["finding"] = finding_markdown(finding_lines(result.finding))
+    if result.error:
+        texts["error"] = result.error
     return texts
 
 
