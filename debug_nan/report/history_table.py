@@ -112,8 +112,9 @@ def history_lines(history: History, model: nn.Module, full: bool = False, findin
     if not history.steps or not rows:
         return []
     n = len(history.steps)
-    dead = [r for r in rows if _all_nonfinite(r)]
-    rows = [r for r in rows if not _all_nonfinite(r)]
+    fold = [not full and _all_nonfinite(r) for r in rows]  # NaN/Inf everywhere: one line (full: listed)
+    dead = [r for r, f in zip(rows, fold) if f]
+    rows = [r for r, f in zip(rows, fold) if not f]
     fixed = 2 + 2 + 2 * (2 * NUMBER + 2) + 2  # indent, gaps, first/last pairs
     labels = [r.label for r in rows]
     wanted = max(map(len, labels), default=0)  # the labels first, the sparklines down to 5 characters

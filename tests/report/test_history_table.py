@@ -93,6 +93,7 @@ def test_every_row_nan_leaves_the_folded_line_and_the_total():
     lines = history_lines(history, model)
     assert lines[2].startswith("  NaN/Inf in every step run (both columns), 4 row(s): embed_tokens, layers.0..31,")
     assert lines[3].split() == ["total", "gradient", "norm", "nan", "nan", "!"]
+    assert len(history_lines(history, model, full=True)) == 2 + 291 + 1 + 2  # full: every row, NaN or not
 
 
 def test_grouped_rows_measure_the_whole_block():
