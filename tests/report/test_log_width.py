@@ -14,7 +14,7 @@ DEEP = REPO / "tests" / "tasks" / "deep_stack.py"
 
 @pytest.fixture(autouse=True)
 def _default_width(monkeypatch):
-    monkeypatch.delenv("DEBUG_NAN_LOG_WIDTH")  # conftest turns wrapping off for the other tests
+    monkeypatch.delenv("DEBUG_NAN_LOG_WIDTH", raising=False)  # conftest turns wrapping off for the other tests
 
 
 def block(output: str, title: str) -> list[str]:
