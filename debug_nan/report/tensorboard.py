@@ -69,20 +69,25 @@ def scalars(history: History, model: nn.Module) -> dict[str, list[tuple[int, flo
 def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict[str, str]) -> str:
     """Write one event file into `path` (texts: tag -> markdown) and return its path; OutputWriteError when it
     cannot be written."""
-    from torch.utils.tensorboard import SummaryWriter
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard.summary import text
+    from torch.utils.tensorboard.writer import FileWriter
 
     folder = Path(path)
     staging = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         staging = tempfile.mkdtemp(dir=folder, prefix=".debug-nan-")
-        writer = SummaryWriter(log_dir=staging)
+        writer = FileWriter(staging)
+        per_step: dict[int, list] = {}  # one event per step holding all its values (not one event per value)
         for tag, points in scalars(history, model).items():
             for step, value in points:
-                writer.add_scalar(tag, value, global_step=step)
+                per_step.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=value))
+        for step in sorted(per_step):
+            writer.add_summary(Summary(value=per_step[step]), step)
         last = history.steps[-1].step if history.steps else 0
-        for tag, text in texts.items():
-            writer.add_text(tag, text, global_step=last)
+        for tag, markdown in texts.items():
+            writer.add_summary(text(tag, markdown), last)
         writer.close()
         (event,) = [p for p in Path(staging).iterdir() if p.name.startswith("events.out.tfevents")]
         target = folder / event.name
