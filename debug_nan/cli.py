@@ -15,6 +15,8 @@ import sys
 
 import click
 
+import debug_nan
+from debug_nan.cli_help import format_grouped_options
 from debug_nan.errors import InputError
 from debug_nan.report import interrupts
 from debug_nan.report.log import error_line
@@ -106,6 +108,12 @@ RUN_OPTIONS = [
     _opt("--log", type=click.Path(dir_okay=False), help="Write a copy of the text log here."),
     _opt("--plot", type=click.Path(dir_okay=False), help="Heat map of the per-layer history (PNG; needs "
                                                          "matplotlib)."),
+    _opt("--history", type=click.Choice(CHOICES["history"]), help="The per-layer history before the summary: "
+         "compact (one screen: deep models grouped by block) or full (every module with parameters)."),
+    _opt("--quiet/--no-quiet", help="Print only the header, one line per step and the summary."),
+    _opt("--tensorboard", type=click.Path(file_okay=False), help="Write the history (loss, lr, loss scale, per-layer "
+         "max |activation| and gradient norm) as TensorBoard scalars and the finding as text into this folder at "
+         "the end of the run (needs tensorboard)."),
 ]
 
 
@@ -228,9 +236,16 @@ class DebugNanGroup(click.Group):
             return code
         sys.exit(code if isinstance(code, int) else 0)
 
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The options in groups (general, AAM pipeline, outputs), torchrun and the task interface, then the
+        subcommands."""
+        format_grouped_options(self, ctx, formatter)
+        self.format_commands(ctx, formatter)
+
 
 @click.group(cls=DebugNanGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"],
-                                                           "max_content_width": 110})
+                                                           "max_content_width": 100})
+@click.version_option(debug_nan.__version__, "--version", prog_name="debug-nan", message="%(prog)s %(version)s")
 @run_options
 @click.pass_context
 def main(ctx: click.Context, config, **flags):
@@ -238,8 +253,8 @@ def main(ctx: click.Context, config, **flags):
     the first non-finite value was born.
 
     \b
-    Without --task it runs the built-in AAM-style pipeline on the BIOM table + tree in --data-dir (or
-    synthetic data when there is none). Examples:
+    Without --task it runs the built-in AAM-style pipeline on the BIOM table
+    and tree in --data-dir (or synthetic data when there is none). Examples:
       debug-nan --token-limit 512 --max-steps 10 2>&1 | tee debug.log
       debug-nan --config configs/tiny.toml --no-guards --report report.json
       debug-nan --task my_task.py:build --max-steps 20

@@ -21,13 +21,15 @@ from debug_nan.checks.driver import is_out_of_memory
 from debug_nan.data.tokens import ASV_LEN
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
-from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
+from debug_nan.report.history_plot import check_plot_available, plot_history
+from debug_nan.report.history_table import history_lines
 from debug_nan.report.log import Log
 from debug_nan.report.step_line import StepLines
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
                                         job_outputs)
-from debug_nan.report.summary import exit_code, report_dict, write_report, write_summary
+from debug_nan.report.summary import exit_code, finding_lines, report_dict, write_report, write_summary
+from debug_nan.report.tensorboard import check_tensorboard, finding_markdown, write_tensorboard
 from debug_nan.settings import RunSettings
 from debug_nan.train import distributed
 from debug_nan.train.aam_task import build_aam_task
@@ -127,6 +129,7 @@ def check_outputs(s: RunSettings, config: str | None, ctx) -> None:
     check_writable(s.report, "--report")
     check_writable(s.plot, "--plot")
     check_plot_available(s.plot)
+    check_tensorboard(s.tensorboard)
 
 
 def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
@@ -197,7 +200,8 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
     log(f"  {trainer.recipe.line()}")
     if trainer.reducer is not None:
         log(f"  gradients averaged by {trainer.reducer.describe()}")
-    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
+    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps,
+                                 trainer.recipe.max_grad_norm, quiet=s.quiet)
     if s.bundle:
         folder = output_folder(s)
         trainer.save_repro = lambda state: str(write_bundle(folder, state))
@@ -213,14 +217,25 @@ def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> 
     return InputError(f"building the trainer: {describe_exception(exc)}")
 
 
+def tensorboard_texts(result) -> dict[str, str]:
+    """The run's status and its first finding, as the summary prints them."""
+    texts = {"status": f"{result.status}, {result.steps_run} step(s) run"}
+    if result.finding is not None:
+        texts["finding"] = finding_markdown(finding_lines(result.finding))
+    if result.error:
+        texts["error"] = result.error
+    return texts
+
+
 def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
     """The history table, the JSON report, then the plot (a failure to write one never loses the other), then the
     summary with the real exit code (the last block of the log). Returns the exit code; raises OutputWriteError
     (exit 2) after the summary when an output could not be written."""
-    if result.history.steps:
+    full, found = s.history == "full", result.finding.module if result.finding is not None else None
+    if result.history.steps and not s.quiet:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
-        for line in history_lines(result.history, trainer.model):
+        for line in history_lines(result.history, trainer.model, full, found):
             log(line)
     if log.copy_failure:
         result.notes.append(log.copy_failure)
@@ -235,8 +250,14 @@ def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) 
             failures.append(str(exc))
     if s.plot and result.history.steps:
         try:
-            plot_history(result.history, trainer.model, s.plot)
+            plot_history(result.history, trainer.model, s.plot, full, found)
             written.append(f"heat map written to {s.plot}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if s.tensorboard and result.history.steps:
+        try:
+            event = write_tensorboard(s.tensorboard, result.history, trainer.model, tensorboard_texts(result))
+            written.append(f"TensorBoard events written to {event} (tensorboard --logdir {s.tensorboard})")
         except OutputWriteError as exc:
             failures.append(str(exc))
     if failures:

@@ -24,6 +24,7 @@ CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "asv_encoder": ("builtin", "torch"),
     "snapshot": ("host", "device", "params", "off"),  # checks.snapshot.SNAPSHOT_MODES
+    "history": ("compact", "full"),  # report.history_rows: blocks grouped to fit one screen, or every layer
 }
 
 
@@ -83,6 +84,9 @@ class RunSettings:
     plot: str | None = None
     bundle_dir: str | None = None
     bundle: bool = True
+    history: str = "compact"
+    quiet: bool = False  # the header, one line per step and the summary
+    tensorboard: str | None = None  # a folder for TensorBoard event files, written at the end of the run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,7 +103,7 @@ SECTIONS = {
               "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
               "skip_batches", "eval_every", "eval_batches", "eval_samples"),
     "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot"),
-    "output": ("report", "log", "plot", "bundle_dir", "bundle"),
+    "output": ("report", "log", "plot", "bundle_dir", "bundle", "history", "quiet", "tensorboard"),
 }
 TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
 assert sorted(TABLE_OF) == sorted(FIELD_TYPES), "every setting belongs to exactly one config table"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from debug_nan.errors import InputError
+from debug_nan.report.line_width import fit, log_width
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 
@@ -42,6 +43,10 @@ class Log:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
 
     def __call__(self, line: str = "", colour: str | None = None) -> None:
+        if len(line) > (width := log_width()) > 0:  # within 100 columns: a longer line wraps under its text
+            for part in fit(line, width):
+                self(part, colour)
+            return
         try:
             self.stream.write((self.paint(line, colour) if colour else line) + "\n")
             self.stream.flush()

@@ -17,7 +17,7 @@ EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
 
 def _wrap(label: str, text: str, width: int = 100) -> list[str]:
-    lines = textwrap.wrap(text, width=width - 16) or [""]
+    lines = textwrap.wrap(text, width=width - 16, break_on_hyphens=False) or [""]  # keep --options whole
     return [f"  {label:<13}{lines[0]}"] + [f"  {'':<13}{line}" for line in lines[1:]]
 
 
@@ -54,7 +54,7 @@ def finding_lines(f: Finding) -> list[str]:
         lines += _wrap("repro", f"debug-nan replay {f.bundle}")
     lines.append("  try:")
     for i, tip in enumerate(f.suggestions, 1):
-        wrapped = textwrap.wrap(tip, width=92)
+        wrapped = textwrap.wrap(tip, width=92, break_on_hyphens=False)
         lines.append(f"    {i}. {wrapped[0]}")
         lines += [f"       {w}" for w in wrapped[1:]]
     return lines
