@@ -58,6 +58,8 @@ class Watching:
                  f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
 
     def micro_begin(self, batch, step: int, micro: int) -> None:
+        if self.options.max_steps and step > self.options.max_steps:
+            raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
         m = self.monitor
         if m.scaler is None and self.hooks.scaler is not None:
             m.scaler = self.hooks.scaler
@@ -74,8 +76,6 @@ class Watching:
 
     def step_end(self, step: int, skipped: bool) -> None:
         self.monitor.step_end(skipped)
-        if self.options.max_steps and step >= self.options.max_steps and not self.monitor.stopped:
-            raise RunStopped("max-steps")
 
 
 def _script_traceback(exc: BaseException) -> None:

@@ -4,6 +4,7 @@
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -16,6 +17,7 @@ parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--unseeded-noise", action="store_true", help="add noise from the OS: not reproducible")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -24,6 +26,10 @@ model = models.Net(classes)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 at = {"masked": {"empty_at": (3,)}, "overflow": {"big_at": (3,)}, "unlabelled": {"unlabelled_at": (3,)}}
 data = models.batches(**at.get(args.bug, {}))
+if args.unseeded_noise:
+    noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for batch in data:
+        batch["x"] += 1e-3 * torch.randn(batch["x"].shape, generator=noise)
 loss_fn = models.classification_loss if args.bug == "unlabelled" else models.regression_loss
 
 done = 0
