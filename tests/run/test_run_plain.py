@@ -51,28 +51,28 @@ def test_max_steps_stops_the_command_with_a_clean_summary(tmp_path):
     ("unlabelled", "unlabelled", 1, (4, 1)),  # every label of a batch ignored: 0 / 0
     ("lr", "high_lr", 1, (2, 1)),  # lr 1000: the gradient history trips before any overflow
 ])
-def test_broken_loop_same_finding_as_the_task(tmp_path, run_cli, bug, task, accumulate, where):
-    done, report = watched(tmp_path, "--bug", bug, "--accumulate", str(accumulate), "--lr", "1000" if bug == "lr"
-                           else "0.01")
-    assert done.returncode == 1, done.stderr
-    assert "training failed" not in done.stdout  # the script's `except Exception` did not swallow the stop
-    first = report["first_nonfinite"]
+def test_broken_loop_same_finding_as_the_task(run_here, run_cli, bug, task, accumulate, where):
+    done, stdout, stderr = run_here("python", SCRIPT, "--bug", bug, "--accumulate", str(accumulate), "--lr",
+                                    "1000" if bug == "lr" else "0.01")
+    assert done.code == 1, done.output
+    assert "training failed" not in stdout  # the script's `except Exception` did not swallow the stop
+    first = done.first
     assert (first["step"], first["micro_step"]) == where
     cli = run_cli("--task", f"{TASKS}:{task}", "--device", "cpu", "--max-steps", "6", "--no-bundle",
                   "--gradient-accumulation-steps", str(accumulate))
     assert cli.code == 1, cli.output
     assert {k: first[k] for k in FIELDS} == {k: cli.first[k] for k in FIELDS}
     if first["op"] is not None:  # traced in the re-execution, and said so
-        assert "[pinpoint] mechanism: re-execution of the command" in done.stderr
-    assert report["integration"]["pinpoint"].startswith("re-execution")
+        assert "[pinpoint] mechanism: re-execution of the command" in stderr
+    assert done.report["integration"]["pinpoint"].startswith("re-execution")
 
 
-def test_a_non_deterministic_script_is_detected_and_gets_the_watch_finding_only(tmp_path):
-    done, report = watched(tmp_path, "--bug", "masked", "--unseeded-noise")
-    assert done.returncode == 1, done.stderr
-    first = report["first_nonfinite"]
+def test_a_non_deterministic_script_is_detected_and_gets_the_watch_finding_only(run_here):
+    done, _, stderr = run_here("python", SCRIPT, "--bug", "masked", "--unseeded-noise")
+    assert done.code == 1, done.output
+    first = done.first
     assert (first["step"], first["micro_step"], first["op"], first["detected_by"]) == (4, 1, None, "watch")
-    assert "the command is not deterministic: the loss of micro-batch 1 of step 1 was" in done.stderr
+    assert "the command is not deterministic: the loss of micro-batch 1 of step 1 was" in stderr
     assert "not deterministic" in first["explanation"]
 
 
@@ -96,15 +96,14 @@ BAD = {
     ("no_optimizer", "the command ended (exit 0) without training"),
     ("two_optimizers", "the script steps two optimizers (SGD and SGD"),
 ])
-def test_bad_input_one_paragraph_exit_2_and_the_error_report(tmp_path, case, words):
+def test_bad_input_one_paragraph_exit_2_and_the_error_report(tmp_path, run_here, case, words):
     script = tmp_path / f"{case}.py"
     if BAD[case] is not None:
         script.write_text(BAD[case])
-    report = tmp_path / "r.json"
-    done = run_process("run", "--report", str(report), "--", "python", script.name, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert words.format(script=script.name) in " ".join(done.stderr.split())
-    data = json.loads(report.read_text())
-    assert data["status"] == "error" and words.format(script=script.name) in " ".join(data["error"].split())
+    done, _, stderr = run_here("python", script.name)
+    assert done.code == 2, done.output
+    assert words.format(script=script.name) in " ".join(stderr.split())
+    assert done.report["status"] == "error"
+    assert words.format(script=script.name) in " ".join(done.report["error"].split())
     if case == "raises":  # the script's own traceback, as Python prints it
-        assert f'File "{script}", line 1, in <module>' in done.stderr
+        assert f'File "{script}", line 1, in <module>' in stderr
