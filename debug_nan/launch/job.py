@@ -60,12 +60,11 @@ class Watching:
     def micro_begin(self, batch, step: int, micro: int) -> None:
         if self.options.max_steps and step > self.options.max_steps:
             raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
-        m = self.monitor
-        if m.scaler is None and self.hooks.scaler is not None:
-            m.scaler = self.hooks.scaler
-        m.micro_begin(batch, step)
+        self.monitor.micro_begin(batch, step)
 
     def backward_begin(self, loss, step: int, micro: int) -> None:
+        if self.monitor.scaler is None and self.hooks.scaler is not None:  # known at its first scale()
+            self.monitor.scaler = self.hooks.scaler
         self.monitor.backward_begin(loss)
 
     def backward_end(self, step: int, micro: int) -> None:

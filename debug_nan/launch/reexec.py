@@ -25,7 +25,10 @@ from debug_nan.frames import PACKAGE_PARENT
 
 def start_rng() -> dict:
     """The random state the script will start from (torch CPU, Python's random, NumPy's global state)."""
-    numpy = sys.modules.get("numpy")
+    try:
+        import numpy  # the script may import it later: its global state is seeded at import, from the OS
+    except ImportError:
+        numpy = None
     return {"torch": torch.get_rng_state(), "random": random.getstate(),
             "numpy": numpy.random.get_state() if numpy is not None else None}
 

@@ -82,11 +82,20 @@ class RunMonitor(FrameworkMonitor):
         raise NotImplementedError("debug-nan run replays by re-executing the command")
 
     def scaler_overflow(self, probe: bool | None = None) -> bool:
-        """fp16 with a GradScaler: non-finite gradients while the scale is at least 1 are taken for its overflow
-        (it skips the step and lowers the scale); once the scale is below 1 they are a finding."""
+        """fp16 with a GradScaler, only the gradients non-finite: while the scale is at least 1 this is taken for
+        the scaler's overflow (it skips the step and lowers the scale; no probe without the scale here, which
+        would need the script's loss code); below 1 it is a finding."""
         if self.scaler is None:
             return False
-        return super().scaler_overflow(probe=self.scaler.get_scale() >= 1.0)
+        if self.rec.scaler_skipped:
+            return True
+        scale = self.scaler.get_scale()
+        if scale < 1.0:
+            return False
+        self.rec.scaler_skipped = True
+        self.log(f"  [fp16] non-finite gradients at step {self.steps} under a loss scale of {scale:g}: taken for "
+                 f"the GradScaler's overflow (it skips the step and lowers the scale), not a finding.")
+        return True
 
     # -- decisions ---------------------------------------------------------------------------------------------
     def trip(self, bad, error: BaseException | None) -> Finding | None:
