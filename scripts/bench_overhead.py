@@ -147,7 +147,7 @@ def main() -> None:
     def watch_step(i: int) -> None:
         log.stream.seek(0)
         log.stream.truncate()
-        finding, _ = trainer.train_step(i + 1, itertools.repeat(batch), None)
+        finding = trainer.train_step(i + 1, itertools.repeat(batch))
         assert finding is None, finding
 
     def watch_only_step(i: int) -> None:

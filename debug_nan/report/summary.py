@@ -68,25 +68,28 @@ def exit_code(result) -> int:
     return 130 if result.interrupted else EXIT_CODES[result.status]
 
 
-def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C") -> None:
+def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", exits: bool = True) -> None:
+    """The SUMMARY block. `exits`: this process ends with the result's exit code (the CLI); a framework callback
+    passes False, since the process's code is then the framework's, and no code is printed."""
     log()
     log.rule("SUMMARY")
-    code = exit_code(result)
+    code = f", exit {exit_code(result)}" if exits else ""
+    paren = f" (exit {exit_code(result)})" if exits else ""
     if result.interrupted:
-        log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}, exit {code}); what ran until then:")
+        log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}{code}); what ran until then:")
     if result.status == "clean":
         log(f"  status       CLEAN: {result.steps_run} step(s) ran, the loss, every gradient and every "
             f"parameter stayed finite ({elapsed:.1f} s).", "green")
     elif result.status == "error":
-        log(f"  status       ERROR after {result.steps_run} step(s) (exit {code})", "red")
+        log(f"  status       ERROR after {result.steps_run} step(s){paren}", "red")
         for line in _wrap("error", result.error or ""):
             log(line)
     else:
         f = result.finding
         if f.cause == "gradient_explosion":
-            log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed (exit {code})", "red")
+            log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed{paren}", "red")
         else:
-            log(f"  status       NONFINITE: the first {f.kind.upper()} was born here (exit {code})", "red")
+            log(f"  status       NONFINITE: the first {f.kind.upper()} was born here{paren}", "red")
         for line in finding_lines(f):
             log(line)
         if len(result.findings) > 1:

@@ -27,6 +27,8 @@ class MicroOutcome:
     record: StepRecord | None = None  # None for the last step's parameter check, after the loop
     previous: StepInputs | None = None  # the step before: a parameter trip is its optimizer update
     grad_norms: list[torch.Tensor] | None = None  # the watch's per-gradient L2 norms, reused for clipping
+    last: bool = False  # the step's last micro-batch
+    layer_stats: dict = field(default_factory=dict)  # --trace-every-step: per-module statistics
 
     @property
     def blames_last_update(self) -> bool:
