@@ -63,8 +63,7 @@ class Watching:
         self.monitor.micro_begin(batch, step)
 
     def backward_begin(self, loss, step: int, micro: int) -> None:
-        if self.monitor.scaler is None and self.hooks.scaler is not None:  # known at its first scale()
-            self.monitor.scaler = self.hooks.scaler
+        self.monitor.adopt_scaler(self.hooks.scaler)
         self.monitor.backward_begin(loss)
 
     def backward_end(self, step: int, micro: int) -> None:

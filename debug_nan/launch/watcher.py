@@ -1,9 +1,11 @@
-"""The watch in the user's own run: the framework step protocol (FrameworkMonitor) driven by the global hooks.
+"""The watch in the user's own run: the step session (train/session.py) driven by the global hooks.
 
 A trip is not replayed here (the code between the root forward and the backward is the user's, which cannot be
-called again in this process): it is recorded as a `Trip`, the script is stopped, and the pinpoint re-executes
-the command (launch/reexec.py). So the snapshots are off (the re-execution rebuilds the state from the start),
-and the per-micro-batch losses are kept, to tell a re-execution that diverged from this run.
+called again in this process): the session's pinpoint records a `Trip`, the script is stopped, and the pinpoint
+re-executes the command (launch/reexec.py). So the snapshot is off (the re-execution rebuilds the state from
+the start), and every micro-batch's loss is kept, to tell a re-execution that diverged from this run.
+A micro-batch's end does not know whether it is its step's last: the step's record is closed (its gradient norms,
+the explosion check) when the optimizer steps.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import History
-from debug_nan.checks.snapshot import Snapshot
 from debug_nan.checks.watch_result import Check
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import RunStopped
+from debug_nan.train.outcome import MicroOutcome
+from debug_nan.train.session import StepSession
 
 
 @dataclass
@@ -58,18 +60,58 @@ class RunHistory(History):
         rec.finish()
 
 
+class RunSession(StepSession):
+    """The session, pinpointing by re-execution: a trip becomes `pending` instead of an in-process replay."""
+
+    def __init__(self, driver, policies, watch=None):
+        super().__init__(driver, policies, watch)
+        self.history = RunHistory()
+        self.pending: Trip | None = None
+
+    def pinpoint(self, o: MicroOutcome, trace: bool = True):
+        if o.check is not None and o.check.kind == "param":
+            if o.previous is None:
+                return None
+            inputs, micro, optimizer = o.previous, len(o.previous.batches), True
+        else:
+            inputs, micro, optimizer = o.inputs, o.micro, False
+        self.pending = Trip(inputs.step, micro, o.check, o.error, optimizer, inputs.batches[micro - 1])
+        self.stop(None)
+        return None
+
+    def is_scaler_overflow(self, o: MicroOutcome) -> bool:
+        """fp16 with a GradScaler, only the gradients non-finite: while the scale is at least 1 this is taken for
+        the scaler's overflow (it skips the step and lowers the scale; no probe without the scale here, which
+        would need the script's loss code); below 1 it is a finding."""
+        if self.scaler is None:
+            return False
+        return o.record.scaler_skipped or self.scaler.get_scale() >= 1.0
+
+    def skip_overflow(self, o: MicroOutcome) -> None:
+        if not o.record.scaler_skipped:
+            self.log(f"  [fp16] non-finite gradients at step {o.inputs.step} under a loss scale of "
+                     f"{self.scaler.get_scale():g}: taken for the GradScaler's overflow (it skips the step and "
+                     f"lowers the scale), not a finding.")
+        o.record.scaler_skipped = True
+
+
 class RunMonitor(FrameworkMonitor):
     framework = "script"
+    session_class = RunSession
+    snapshot_mode = "off"
 
     def __init__(self, model, optimizer, settings, log):
         super().__init__(model, optimizer, settings, log)
-        for snapshot in self.snapshots:  # the base class's host copies: not needed, the re-execution replays
-            if hasattr(snapshot, "_hook"):
-                snapshot._hook.remove()
-        self.snapshots = [Snapshot(model, optimizer, mode="off") for _ in range(2)]
-        self.history = RunHistory()
-        self.pending: Trip | None = None
         self.step_open = False
+
+    @property
+    def pending(self) -> Trip | None:
+        return self.session.pending
+
+    def adopt_scaler(self, scaler) -> None:
+        """The script's GradScaler, known at its first scale(): the gradients' norms are read unscaled."""
+        if self.scaler is None and scaler is not None and scaler.is_enabled():
+            self.scaler = self.session.scaler = scaler
 
     # -- StepDriver methods: nothing is replayed in this process ----------------------------------------------
     def replay_loss(self, batch):
@@ -80,49 +122,6 @@ class RunMonitor(FrameworkMonitor):
 
     def optimizer_step(self) -> None:
         raise NotImplementedError("debug-nan run replays by re-executing the command")
-
-    def scaler_overflow(self, probe: bool | None = None) -> bool:
-        """fp16 with a GradScaler, only the gradients non-finite: while the scale is at least 1 this is taken for
-        the scaler's overflow (it skips the step and lowers the scale; no probe without the scale here, which
-        would need the script's loss code); below 1 it is a finding."""
-        if self.scaler is None:
-            return False
-        if self.rec.scaler_skipped:
-            return True
-        scale = self.scaler.get_scale()
-        if scale < 1.0:
-            return False
-        self.rec.scaler_skipped = True
-        self.log(f"  [fp16] non-finite gradients at step {self.steps} under a loss scale of {scale:g}: taken for "
-                 f"the GradScaler's overflow (it skips the step and lowers the scale), not a finding.")
-        return True
-
-    # -- decisions ---------------------------------------------------------------------------------------------
-    def trip(self, bad, error: BaseException | None) -> Finding | None:
-        """Record what to trace and stop watching; the caller stops the script."""
-        if bad is not None and bad.kind == "param":
-            if self._previous is None:
-                return None
-            inputs, micro, optimizer = self._previous, len(self._previous.batches), True
-        else:
-            inputs, micro, optimizer = self.inputs, self.micro, False
-        self.pending = Trip(inputs.step, micro, bad, error, optimizer, inputs.batches[micro - 1])
-        self.steps_run = max(self.steps_run, inputs.step)
-        self._halt()
-        return None
-
-    def stop(self, finding: Finding | None, snapshot) -> Finding | None:
-        """A finding without a replay (the gradient history): kept; the process ends, so nothing is restored."""
-        if finding is not None:
-            self.findings.append(finding)
-            self.steps_run = max(self.steps_run, finding.step)
-        self._halt()
-        return finding
-
-    def _halt(self) -> None:
-        self.stopped = True
-        self.watch.enabled = False
-        self.watch.discard()
 
     # -- the hooks' events -------------------------------------------------------------------------------------
     def micro_begin(self, batch, step: int) -> None:
@@ -144,10 +143,13 @@ class RunMonitor(FrameworkMonitor):
         if self.stopped or not self.step_open:
             return
         self.step_open = False
-        self.rec.scaler_skipped = self.rec.scaler_skipped or skipped
-        self.history.close(self.rec)
-        self.steps_run = self.steps
-        if self.check_explosion() is not None:
+        record = self.session.record
+        record.scaler_skipped = record.scaler_skipped or skipped
+        self.history.close(record)
+        self.steps_run = self.session.steps
+        if not record.scaler_skipped:
+            self._settle(lambda: self.session.check_explosion(record), last=False)
+        if self.stopped:
             raise RunStopped("trip")
         if not skipped:
             self.stepped()
