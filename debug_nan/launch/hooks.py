@@ -151,13 +151,14 @@ class Hooks:
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
         if self.root is None:
-            self.root = module
             model = bare(module)
             ids = {id(p) for p in model.parameters()}
             live = [r() for r in self.other_optimizers]
             mine = [o for o in live if o is not None
                     and {id(p) for g in o.param_groups for p in g["params"]} <= ids]
-            self.optimizer = mine[-1]
+            if not mine:  # its optimizer is gone already: not the training model
+                return
+            self.root, self.optimizer = module, mine[-1]
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
             self.listener.attach(model, self.optimizer)
         elif module is not self.root:

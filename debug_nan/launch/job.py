@@ -87,6 +87,10 @@ def _script_traceback(exc: BaseException) -> None:
 
 def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError("debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet: a trip on one rank "
+                         "would leave the others waiting in their gradient all-reduce. Run the command on one "
+                         "process, or use the Lightning / HF callbacks, which support DDP.")
     command = commands.resolve(words)
     outputs = Outputs(options.report, None, False, options.log, "stop")
     log = outputs.log = Log(options.log, stream=sys.stderr)

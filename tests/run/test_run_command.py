@@ -103,3 +103,12 @@ def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
     assert (done.first["step"], done.first["op"], done.first["source"]) == (3, "aten._softmax.default",
                                                                           "tests/run/models.py:21")
     assert f"({'module' if form == 'module' else 'entry point'};" in stderr
+
+
+def test_torchrun_is_refused_with_a_reason(tmp_path, run_here, monkeypatch):
+    (tmp_path / "train.py").write_text("print('never')\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    done, stdout, stderr = run_here("python", "train.py")
+    assert done.code == 2 and stdout == ""
+    assert "debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet" in stderr
+    assert done.report["status"] == "error"
