@@ -7,7 +7,8 @@ The user's script is this file with --as-user: a plain PyTorch loop over a BertF
 download), which times its own optimizer steps after --warmup (start-up and the first steps excluded) and prints
 the median ms per step. Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run -- python
 bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
-ones). Reported: the median ms per step of each, and the median of the per-pair ratios.
+ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
+(CPU time: steadier on a shared machine).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def as_user(a) -> None:
                                        max_position_embeddings=a.seq))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
-    times = []
+    times, cpu = [], []
     for step in range(a.warmup + a.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(a.accumulate):
             ids = torch.randint(5, 1000, (a.batch, a.seq), generator=g)
             labels = torch.where(torch.rand(a.batch, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
@@ -47,15 +48,17 @@ def as_user(a) -> None:
         optimizer.zero_grad()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
-    print(f"ms_per_step {1000 * statistics.median(times):.3f}")
+            cpu.append(time.process_time() - start_cpu)
+    print(f"ms_per_step {1000 * statistics.median(times):.3f} {1000 * statistics.median(cpu):.3f}")
 
 
-def measure(a, watched: bool) -> float:
+def measure(a, watched: bool) -> tuple[float, float]:
     user = [sys.executable, str(Path(__file__).resolve()), "--as-user", *a.user_args]
     command = [sys.executable, "-m", "debug_nan", "run", "--", *user] if watched else user
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    return float(done.stdout.split("ms_per_step")[1])
+    wall, cpu = done.stdout.split("ms_per_step")[1].split()
+    return float(wall), float(cpu)
 
 
 def main() -> None:
@@ -71,21 +74,23 @@ def main() -> None:
         return as_user(a)
     a.user_args = [f"--{k}={getattr(a, k)}" for k in ("hidden", "layers", "seq", "batch", "steps", "warmup",
                                                       "accumulate", "threads")]
-    plain, watched, ratios = [], [], []
+    plain, watched, ratios, cpu_ratios = [], [], [], []
     for r in range(a.repeats):
         pair = {}
         for mode in ((False, True) if r % 2 == 0 else (True, False)):
             pair[mode] = measure(a, mode)
-        plain.append(pair[False])
-        watched.append(pair[True])
-        ratios.append(pair[True] / pair[False])
-        print(f"pair {r + 1}: plain {pair[False]:.1f} ms/step, run {pair[True]:.1f} ms/step, "
-              f"ratio {ratios[-1]:.3f}", flush=True)
+        plain.append(pair[False][0])
+        watched.append(pair[True][0])
+        ratios.append(pair[True][0] / pair[False][0])
+        cpu_ratios.append(pair[True][1] / pair[False][1])
+        print(f"pair {r + 1}: plain {pair[False][0]:.1f} ms/step, run {pair[True][0]:.1f} ms/step, ratio "
+              f"{ratios[-1]:.3f} wall / {cpu_ratios[-1]:.3f} CPU time", flush=True)
     result = {"plain_ms": statistics.median(plain), "run_ms": statistics.median(watched),
-              "ratio": statistics.median(ratios), "pairs": ratios, "settings": a.user_args,
-              "load": os.getloadavg()[0]}
+              "ratio": statistics.median(ratios), "cpu_ratio": statistics.median(cpu_ratios), "pairs": ratios,
+              "cpu_pairs": cpu_ratios, "settings": a.user_args, "load": os.getloadavg()[0]}
     print(f"median: plain {result['plain_ms']:.1f} ms/step, debug-nan run {result['run_ms']:.1f} ms/step, "
-          f"median ratio {result['ratio']:.3f} (load average {result['load']:.1f})")
+          f"median ratio {result['ratio']:.3f} wall / {result['cpu_ratio']:.3f} CPU time (load average "
+          f"{result['load']:.1f})")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
 

@@ -118,6 +118,9 @@ def run_command(words: list[str], options: RunOptions) -> int:
     if hooks.failure is not None:
         raise hooks.failure
     m = watching.monitor
+    if m is None and interrupted is not None:
+        log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
+        return interrupts.interrupt_code(interrupted)
     if m is None:
         if error is not None:
             _script_traceback(error)

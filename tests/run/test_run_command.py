@@ -26,6 +26,20 @@ for batch in models.batches(empty_at=(2,)):
     optimizer.zero_grad()
 """
 
+KEYERROR = """import torch
+from tests.run import models
+
+torch.manual_seed(0)
+model = models.Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i, batch in enumerate(models.batches()):
+    loss = models.regression_loss(model, batch)
+    batch["tokens"] if i == 2 else None
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
 ENTRY = "[console_scripts]\nmytrain = mytrain_main:main\n"
 MAIN = """import torch
 from tests.run import models
@@ -112,3 +126,14 @@ def test_torchrun_is_refused_with_a_reason(tmp_path, run_here, monkeypatch):
     assert done.code == 2 and stdout == ""
     assert "debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet" in stderr
     assert done.report["status"] == "error"
+
+
+def test_a_script_raising_mid_step_without_nan_is_its_own_failure(tmp_path, run_here):
+    """No NaN/Inf before the exception (checked in the re-execution): the script's traceback, status error, exit 1
+    (as a --task whose loss raises)."""
+    (tmp_path / "keyerror.py").write_text(KEYERROR)
+    done, _, stderr = run_here("python", "keyerror.py")
+    assert done.code == 1, done.output
+    assert done.report["status"] == "error" and done.first is None
+    assert "The replay found no NaN/Inf before it" in done.report["error"]
+    assert 'keyerror.py", line 9, in <module>' in stderr and "KeyError: 'tokens'" in stderr
