@@ -14,8 +14,6 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-import torch
-
 from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings

@@ -23,7 +23,6 @@ from types import SimpleNamespace
 import torch
 
 from debug_nan.checks.driver import StepInputs, TaskFailure
-from debug_nan.checks.finding import data_finding
 from debug_nan.checks.pinpoint import Pinpointer
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.checks.tracer import Tracer
