@@ -9,6 +9,7 @@ run exits with the script's own code.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -23,7 +24,7 @@ from debug_nan.launch.reexec import reexecute, start_rng
 from debug_nan.launch.watcher import RunMonitor
 from debug_nan.report import interrupts
 from debug_nan.report.log import Log, error_line
-from debug_nan.report.summary import exit_code
+from debug_nan.report.summary import exit_code, write_report
 
 MECHANISM = "re-execution of the command (same random state, losses compared bit for bit)"
 
@@ -146,11 +147,21 @@ def run_command(words: list[str], options: RunOptions) -> int:
     result = outputs.conclude(m, settings, {"framework": "debug-nan run", "command": words, "kind": command.kind,
                                             "pinpoint": MECHANISM, "exit_code_of_command": code},
                               interrupted=interrupted is not None)
-    if interrupted is not None:
-        return interrupts.interrupt_code(interrupted)
-    if result.status == "clean":
-        return code
-    return exit_code(result)
+    final = (interrupts.interrupt_code(interrupted) if interrupted is not None
+             else code if result.status == "clean" else exit_code(result))
+    _report_exit_code(options.report, final)
+    return final
+
+
+def _report_exit_code(path: str | None, code: int) -> None:
+    """The report's exit_code, which the framework outputs leave open: here it is known (the script's own for a
+    clean run)."""
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        data = json.load(f)
+    data["exit_code"] = code
+    write_report(path, data)
 
 
 def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log) -> None:

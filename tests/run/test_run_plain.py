@@ -33,7 +33,8 @@ def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_
     done, report = watched(tmp_path, "--exit-code", "3")
     assert alone.returncode == 3 and done.returncode == 3, done.stderr
     assert done.stdout == alone.stdout and alone.stdout.count("\n") == 4
-    assert (report["status"], report["steps_run"], report["first_nonfinite"]) == ("clean", 4, None)
+    assert (report["status"], report["steps_run"], report["first_nonfinite"], report["exit_code"]) == (
+        "clean", 4, None, 3)
     assert "[debug-nan] watching Net (225 parameters) and its AdamW" in done.stderr
 
 
@@ -54,7 +55,7 @@ def test_max_steps_stops_the_command_with_a_clean_summary(tmp_path):
 def test_broken_loop_same_finding_as_the_task(run_here, run_cli, bug, task, accumulate, where):
     done, stdout, stderr = run_here("python", SCRIPT, "--bug", bug, "--accumulate", str(accumulate), "--lr",
                                     "1000" if bug == "lr" else "0.01")
-    assert done.code == 1, done.output
+    assert done.code == 1 and done.report["exit_code"] == 1, done.output
     assert "training failed" not in stdout  # the script's `except Exception` did not swallow the stop
     first = done.first
     assert (first["step"], first["micro_step"]) == where
