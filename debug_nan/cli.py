@@ -299,8 +299,11 @@ def replay(bundle, device, report, log_path):
               help="Gradient norm that counts as an explosion (with growth).")
 @click.option("--explosion-growth", type=float, default=1e3, show_default=True,
               help="...and growth over the smallest earlier norm.")
+@click.option("--deterministic", is_flag=True,
+              help="torch.use_deterministic_algorithms(True) in the command and its re-execution (a GPU's atomic "
+                   "adds otherwise make the re-execution differ from the run).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(report, log_path, max_steps, explosion_threshold, explosion_growth, command):
+def run(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic, command):
     """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
 
     \b
@@ -311,7 +314,7 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, comm
     run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own."""
     from debug_nan.launch.job import RunOptions, run_command
 
-    options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth)
+    options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
     try:
         check_output_paths({"--report": report, "--log": log_path}, {})
         code = run_command(list(command), options)

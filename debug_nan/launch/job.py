@@ -15,12 +15,14 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+import torch
+
 from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
 from debug_nan.launch.hooks import Hooks, RunStopped
-from debug_nan.launch.reexec import reexecute, start_rng
+from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_rng
 from debug_nan.launch.watcher import RunMonitor
 from debug_nan.report import interrupts
 from debug_nan.report.log import Log, error_line
@@ -36,6 +38,7 @@ class RunOptions:
     max_steps: int | None = None
     explosion_threshold: float = 1e4
     explosion_growth: float = 1e3
+    deterministic: bool = False  # torch.use_deterministic_algorithms in the run and its re-execution
 
 
 class Watching:
@@ -102,6 +105,7 @@ def run_command(words: list[str], options: RunOptions) -> int:
     rng, cwd = start_rng(), os.getcwd()
     code, error, interrupted = 0, None, None
     hooks.install()
+    was_deterministic = deterministic_algorithms(options.deterministic)
     try:
         code = commands.run(command)
     except RunStopped as stop:
@@ -114,6 +118,7 @@ def run_command(words: list[str], options: RunOptions) -> int:
         error = exc
     finally:
         hooks.uninstall()
+        torch.use_deterministic_algorithms(was_deterministic)
     if hooks.failure is not None:
         raise hooks.failure
     m = watching.monitor
@@ -134,7 +139,7 @@ def run_command(words: list[str], options: RunOptions) -> int:
     elif not m.stopped and interrupted is None and error is None:
         m.finish()
     if m.pending is not None:
-        _pinpoint(m, words, cwd, rng, log)
+        _pinpoint(m, words, cwd, rng, log, options.deterministic)
     if error is not None and not m.findings:
         _script_traceback(error)
         log(error_line(f"the command raised {describe_exception(error)}; the watch saw no NaN/Inf before it, so "
@@ -164,7 +169,7 @@ def _report_exit_code(path: str | None, code: int) -> None:
     write_report(path, data)
 
 
-def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log) -> None:
+def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, deterministic: bool) -> None:
     trip = m.pending
     check = trip.check
     where = f"step {trip.step}, micro-batch {trip.micro}"
@@ -177,7 +182,7 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log) ->
     phase = "its optimizer step" if trip.optimizer else "forward, loss, backward"
     log(f"  [pinpoint] mechanism: {MECHANISM}. Re-running the command with the op-level tracer on at {where} "
         f"({phase})...")
-    answer = reexecute(words, cwd, trip, m.history.losses, rng)
+    answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic)
     finding: Finding | None = None
     if "finding" in answer:
         finding = Finding(**answer["finding"])
@@ -191,7 +196,8 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log) ->
         if "diverged" in answer:
             why = (f"the command is not deterministic: {why}. So the re-execution is not the run, and its origin "
                    f"would not be this run's: only the watch's finding is reported. Seed everything (torch, "
-                   f"numpy, random, the data order) and set PYTHONHASHSEED to have the op named.")
+                   f"numpy, random, the data order) and set PYTHONHASHSEED to have the op named; on a GPU, add "
+                   f"--deterministic (torch.use_deterministic_algorithms in both runs).")
         log(f"  [pinpoint] {why}", "yellow")
         if check is not None:
             finding = watch_only_finding(trip.step, trip.micro, trip.batch, check, m.model, why=why)

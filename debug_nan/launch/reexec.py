@@ -33,13 +33,23 @@ def start_rng() -> dict:
             "numpy": numpy.random.get_state() if numpy is not None else None}
 
 
-def reexecute(words: list[str], cwd: str, trip, losses, rng: dict) -> dict:
+def deterministic_algorithms(on: bool) -> bool:
+    """--deterministic: torch.use_deterministic_algorithms (warn only where an op has no deterministic kernel),
+    with cuBLAS's workspace setting it needs; the child inherits both. Returns the setting before."""
+    before = torch.are_deterministic_algorithms_enabled()
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return before
+
+
+def reexecute(words: list[str], cwd: str, trip, losses, rng: dict, deterministic: bool = False) -> dict:
     """Run the command again under the tracer for `trip` (launch.watcher.Trip) -> the child's answer:
     {"finding": {...}} | {"diverged": why} | {"error": why} | {"missing": why} (no answer came back)."""
     with tempfile.TemporaryDirectory(prefix="debug-nan-run-") as folder:
         spec = {"words": words, "trip": {"step": trip.step, "micro": trip.micro, "optimizer": trip.optimizer,
                                          "check": asdict(trip.check) if trip.check is not None else None},
-                "losses": list(losses)}
+                "losses": list(losses), "deterministic": deterministic}
         Path(folder, "spec.json").write_text(json.dumps(spec))
         torch.save(rng, Path(folder, "rng.pt"))
         env = dict(os.environ)

@@ -76,8 +76,9 @@ class Retrace:
     def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None:
         value = float(loss.double()) if loss.numel() == 1 else math.nan
         if self.seen < len(self.expected) and not same_bits(value, self.expected[self.seen]):
-            self.write({"diverged": f"the loss of micro-batch {micro} of step {step} was {self.expected[self.seen]!r} "
-                                    f"in the run and {value!r} in its re-execution"})
+            expected = self.expected[self.seen]
+            self.write({"diverged": f"the loss of micro-batch {micro} of step {step} was {expected!r} in the run and "
+                                    f"{value!r} in its re-execution"})
             raise RunStopped("traced")
         self.seen += 1
         if self.tracer is not None and not self.trip["optimizer"] and self.tracer.origin_of([loss]) is not None:
@@ -130,6 +131,8 @@ def main(spec_dir: str) -> int:
     listener = Retrace(spec, folder / "answer.json")
     hooks = Hooks(listener)
     restore_start_rng(folder / "rng.pt")
+    if spec["deterministic"]:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     hooks.install()
     try:
         commands.run(commands.resolve(spec["words"]))

@@ -137,3 +137,13 @@ def test_a_script_raising_mid_step_without_nan_is_its_own_failure(tmp_path, run_
     assert done.report["status"] == "error" and done.first is None
     assert "The replay found no NaN/Inf before it" in done.report["error"]
     assert 'keyerror.py", line 9, in <module>' in stderr and "KeyError: 'tokens'" in stderr
+
+
+def test_deterministic_reaches_the_command_and_is_undone_after_it(tmp_path, run_here):
+    import torch
+
+    (tmp_path / "check.py").write_text("import torch\nprint(torch.are_deterministic_algorithms_enabled())\n")
+    done, stdout, stderr = run_here("python", "check.py", options=("--deterministic",))
+    assert done.code == 2 and stdout == "True\n"  # (it trains nothing: exit 2, said so)
+    assert "without training" in stderr
+    assert not torch.are_deterministic_algorithms_enabled()
