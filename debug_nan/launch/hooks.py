@@ -89,6 +89,7 @@ class Hooks:
         self.step, self.micro = 1, 0
         self.open = False  # a micro-batch's forward has begun and its backward not yet ended
         self.stepped_since_update = False
+        self.early_step = None  # an optimizer whose step began before any root forward
         self.in_backward = False
         self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
         self.scaler = None
@@ -161,6 +162,8 @@ class Hooks:
             self.root, self.optimizer = module, mine[-1]
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
             self.listener.attach(model, self.optimizer)
+            if self.early_step is self.optimizer:  # its step began before the first forward (a closure)
+                self.listener.step_begin(self.step)
         elif module is not self.root:
             return
         self.open = True
@@ -198,7 +201,9 @@ class Hooks:
         return False
 
     def step_pre(self, optimizer, args, kwargs) -> None:
-        if self._mine(optimizer):
+        if self.optimizer is None:
+            self.early_step = optimizer  # a closure may run the first forward inside this step
+        elif self._mine(optimizer):
             self.listener.step_begin(self.step)
 
     def step_post(self, optimizer, args, kwargs) -> None:
