@@ -33,3 +33,41 @@ def test_optimizer_phase_same_finding_as_the_task(tmp_path, run_here, run_cli):
         "step": 1, "micro_step": 1, "phase": "optimizer", "module": "", "op": "aten.addcdiv_.default",
         "cause": "nonfinite_parameter", "kind": "nan"}
     assert done.first["source"] == "adam.py:9"  # --task: torch/optim/adam.py (its step is the tool's call)
+
+
+LIGHTNING_ADAM = """import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from tests.scenarios import adam_eps_zero
+
+task = adam_eps_zero()
+
+
+class Lit(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = task.model
+
+    def training_step(self, batch, batch_idx):
+        return task.loss(self.model, batch)
+
+    def configure_optimizers(self):
+        return task.optimizer(self.parameters())
+
+
+trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Lit(), DataLoader(task.batches, batch_size=None))
+"""
+
+
+def test_optimizer_phase_inside_lightnings_closure(tmp_path, run_here):
+    """Lightning steps with optimizer.step(closure): the step begins before its forward; the trace still covers
+    the update. The root is the model whose forward training_step calls (names as in --task)."""
+    pytest.importorskip("lightning")
+    (tmp_path / "lit_adam.py").write_text(LIGHTNING_ADAM)
+    done, _, stderr = run_here("python", "lit_adam.py")
+    assert done.code == 1, done.output
+    assert "[debug-nan] watching Gated (10 parameters) and its Adam" in stderr
+    assert (done.first["step"], done.first["micro_step"], done.first["phase"], done.first["op"],
+            done.first["cause"]) == (1, 1, "optimizer", "aten.addcdiv_.default", "nonfinite_parameter")
