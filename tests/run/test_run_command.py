@@ -147,3 +147,17 @@ def test_deterministic_reaches_the_command_and_is_undone_after_it(tmp_path, run_
     assert done.code == 2 and stdout == "True\n"  # (it trains nothing: exit 2, said so)
     assert "without training" in stderr
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_re_execution_that_never_reaches_the_trip_leaves_the_watch_finding(tmp_path, run_here):
+    """The script behaves differently the second time (a file its first run wrote): the re-execution ends early,
+    the log says so, and the watch's finding stands (no op named)."""
+    once = RAISES.replace("import torch\n", "import os\nimport sys\nimport torch\n\nif os.path.exists('done'):\n"
+                          "    sys.exit(0)\nopen('done', 'w').close()\n").replace(
+        "    if torch.isnan(loss):\n        raise ValueError(\"the loss is NaN\")\n", "")
+    (tmp_path / "once.py").write_text(once)
+    done, _, stderr = run_here("python", "once.py")
+    assert done.code == 1, done.output
+    assert (done.first["step"], done.first["micro_step"], done.first["op"], done.first["detected_by"]) == (
+        3, 1, None, "watch")
+    assert "the re-execution ended (exit 0) without reaching step 3, micro-batch 1" in " ".join(stderr.split())
