@@ -7,6 +7,13 @@ from debug_nan.cli import main
 from tests.conftest import Run
 
 
+def pytest_collection_modifyitems(items):
+    """A test through `debug-nan run` (in this process, its re-execution a child) is end to end: `e2e`."""
+    for item in items:
+        if "run_here" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture
 def run_here(tmp_path, monkeypatch):
     """`debug-nan run --report R OPTIONS -- COMMAND` in this process, in tmp_path -> (Run, stdout, stderr). (The
