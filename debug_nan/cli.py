@@ -304,5 +304,45 @@ def replay(bundle, device, report, log_path):
     sys.exit(code)
 
 
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+              help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Stop the command after this many optimizer steps, with a clean summary.")
+@click.option("--explosion-threshold", type=float, default=1e4, show_default=True,
+              help="Gradient norm that counts as an explosion (with growth).")
+@click.option("--explosion-growth", type=float, default=1e3, show_default=True,
+              help="...and growth over the smallest earlier norm.")
+@click.option("--deterministic", is_flag=True,
+              help="torch.use_deterministic_algorithms(True) in the command and its re-execution (a GPU's atomic "
+                   "adds otherwise make the re-execution differ from the run).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic, command):
+    """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
+
+    \b
+    COMMAND: `python train.py ARGS`, `python -m package.module ARGS`, `train.py ARGS` or an installed console
+    script. It runs in this process (its sys.argv, __main__, working directory and exit code as usual); the
+    watch attaches to the optimizer it creates and the model that owns its parameters. On the first NaN/Inf the
+    command is stopped and re-executed with the op-level tracer on at the failing micro-batch (exit 1). A clean
+    run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own."""
+    from debug_nan.launch.job import RunOptions, run_command
+
+    options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
+    try:
+        check_output_paths({"--report": report, "--log": log_path}, {})
+        code = run_command(list(command), options)
+    except OutputWriteError as exc:
+        click.echo(error_line(str(exc)), err=True)
+        code = 2
+    except InputError as exc:
+        fail(str(exc), report, {}, {"--log": log_path} if log_path else {})
+    except KeyboardInterrupt as exc:
+        click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        code = interrupts.interrupt_code(exc)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

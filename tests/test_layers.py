@@ -19,6 +19,7 @@ LAYERS = {  # module or package prefix -> layer; the longest matching prefix win
     "debug_nan.report": 5,
     "debug_nan.replay": 6, "debug_nan.runner": 6, "debug_nan.api": 6,
     "debug_nan.integrations": 7,  # the framework callbacks, on top of the API (nothing imports them)
+    "debug_nan.launch": 7,  # `debug-nan run`: on the framework step protocol (integrations/session.py)
     "debug_nan.cli": 7, "debug_nan.cli_help": 7, "debug_nan.__main__": 8,
 }
 
@@ -28,6 +29,7 @@ LAZY = {
                                     "on first use",
     ("debug_nan.cli", "debug_nan.runner"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.replay"): "--help and usage errors answer without importing torch",
+    ("debug_nan.cli", "debug_nan.launch.job"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.report.summary"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.train.distributed"): "--help and usage errors answer without importing torch",
 }

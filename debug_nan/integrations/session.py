@@ -33,6 +33,8 @@ from debug_nan.train.task import split_loss
 class FrameworkMonitor:
     framework = "framework"
     dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
+    session_class = StepSession  # `debug-nan run` swaps in its own (it pinpoints by re-executing the command)
+    snapshot_mode = "host"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
                  scaler=None, dist_ctx=None, bundle_dir: str | None = None):
@@ -42,12 +44,13 @@ class FrameworkMonitor:
         self.s, self.dist = settings, dist_ctx
         self.accumulation_steps = settings.gradient_accumulation_steps
         sink = (lambda state: str(write_bundle(bundle_dir, state))) if bundle_dir is not None else None
-        self.session = StepSession(self, SessionPolicies(
+        self.session = self.session_class(self, SessionPolicies(
             scaler=self.scaler, agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
             # the framework's backward on the other ranks may already be inside a gradient all-reduce: an
             # exception is decided by the rank that raised, alone
             agree_on_errors=False, bundle_sink=sink,
-            explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect))
+            explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect,
+            snapshot_mode=self.snapshot_mode))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside a training micro-batch
         self.findings: list[Finding] = []
