@@ -33,7 +33,7 @@ def test_aam_padding_slots_named_at_its_attention_pooling_softmax(run_here):
     assert (first["step"], first["micro_step"], first["phase"], first["module"], first["module_type"],
             first["op"], first["cause"]) == (1, 1, "forward", "sample_encoder.asv_encoder.attention_pooling",
                                              "AttentionPooling", "aten._softmax.default", "all_masked_softmax")
-    assert first["source"].endswith("aam/models/attention_pooling.py:40")
+    assert first["source"].endswith("models/attention_pooling.py:40")  # AAM's own file and line
     explanation = " ".join(first["explanation"].split())
     assert "14 of 32 rows whose 151 inputs were all -inf" in explanation
     assert "positions 3..7 of sample #0 (5 of 8 along dim 1)" in explanation  # the padding slots
