@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
+from debug_nan.checks.vocabulary import adapt_advice
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
@@ -204,4 +205,4 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
         else:
             m.error = describe_exception(trip.error)
     if finding is not None:
-        m.findings.append(finding)
+        m.findings.append(adapt_advice(finding, m.dialect))  # the advice in a script author's words, not flags

@@ -30,7 +30,7 @@ def finding_lines(f: Finding) -> list[str]:
     if f.phase not in ("data", "loss"):
         lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
     elif f.phase == "loss":
-        lines += _wrap("module", "none (the task's loss code, outside the model)")
+        lines += _wrap("module", "none (the loss code, outside the model)")
     if f.op:
         lines += _wrap("operation", f"{f.op} -> first {f.kind.upper()}"
                        + (f" (in backward node {f.backward_node})" if f.backward_node else ""))
