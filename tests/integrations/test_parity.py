@@ -1,5 +1,6 @@
 """One bug, one answer: the planted bugs of parity.py on one tiny GPT-2, through `--task`, `debug_nan.Monitor`, the
-Lightning callback and the HF Trainer callback. Every entry point drives the same step session, so step,
+Lightning callback, the HF Trainer callback and `debug-nan run` of an unmodified script (a plain loop, Lightning,
+the HF Trainer: tests/integrations/parity_script.py). Every entry point drives the same step session, so step,
 micro-batch, phase and cause must agree everywhere, and module and op wherever the framework computes the same
 thing (the exceptions are listed in DIFFERS, each with its reason).
 
@@ -18,8 +19,11 @@ The expected values, from first principles:
 """
 
 import itertools
+import json
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 import torch
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -29,6 +33,7 @@ pytest.importorskip("accelerate")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import debug_nan  # noqa: E402
+from debug_nan.cli import main  # noqa: E402
 from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
 from tests.integrations import parity  # noqa: E402
@@ -49,8 +54,9 @@ DIFFERS = {
     # the HF Trainer passes num_items_in_batch: GPT-2 then sums the token losses and divides by the count, so the
     # 0/0 is that division, not nll_loss's own mean
     ("hf", "every_label_ignored"): ("", "aten.div.Tensor"),
+    ("run-hf", "every_label_ignored"): ("", "aten.div.Tensor"),
 }
-ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")
+ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")  # and `debug-nan run` of a script using each (DRIVERS)
 
 
 def via_cli(name, run_cli, tmp_path):
@@ -128,16 +134,35 @@ def via_hf(name, run_cli, tmp_path):
     return callback.finding.to_dict() if callback.finding is not None else None
 
 
-DRIVERS = {"cli": via_cli, "monitor": via_monitor, "lightning": via_lightning, "hf": via_hf}
+def via_run(framework):
+    """`debug-nan run -- python parity_script.py FRAMEWORK BUG`: the user's own script, unmodified, watched from
+    outside (its re-execution under the tracer is a child process)."""
+
+    def run(name, run_cli, tmp_path):
+        report = tmp_path / "run.json"
+        script = str(Path(parity.__file__).with_name("parity_script.py"))
+        result = CliRunner().invoke(main, ["run", "--report", str(report), "--", "python", script, framework, name,
+                                           str(tmp_path / "out")], catch_exceptions=False)
+        assert result.exit_code == (0 if name == "healthy" else 1), result.output
+        return json.loads(report.read_text())["first_nonfinite"]
+
+    return run
 
 
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
+DRIVERS = {"cli": via_cli, "monitor": via_monitor, "lightning": via_lightning, "hf": via_hf,
+           "run": via_run("plain"), "run-lightning": via_run("lightning"), "run-hf": via_run("hf")}
+# `debug-nan run` of a Lightning / HF script costs two framework start-ups per case: the bugs the run issue names
+RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight")
+CASES = [(name, entry) for name in EXPECTED for entry in (*ENTRY_POINTS, "run")] + [
+    (name, entry) for name in RUN_FRAMEWORK_BUGS for entry in ("run-lightning", "run-hf")]
+
+
+@pytest.mark.parametrize("entry", (*ENTRY_POINTS, "run"))
 def test_healthy_control_is_clean_everywhere(entry, run_cli, tmp_path):
     assert DRIVERS[entry]("healthy", run_cli, tmp_path) is None
 
 
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name, entry", CASES)
 def test_the_same_bug_gives_the_same_finding(name, entry, run_cli, tmp_path):
     found = DRIVERS[entry](name, run_cli, tmp_path)
     assert found is not None, f"{entry} found nothing for {name}"
