@@ -16,7 +16,7 @@ import sys
 import click
 
 from debug_nan.errors import InputError
-from debug_nan.report import interrupts
+from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
 from debug_nan.report.outputs import OutputWriteError, check_output_paths, check_writable, job_inputs, job_outputs
 from debug_nan.settings import CHOICES, RunSettings, build_settings, load_config
@@ -215,6 +215,7 @@ class DebugNanGroup(click.Group):
     error report (Click's standalone mode would print them and exit without one)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        streams.install()  # a hung-up terminal, a broken pipe or a full disk never ends the run (first: fds 0-2)
         interrupts.install()
         args = list(sys.argv[1:] if args is None else args)
         try:

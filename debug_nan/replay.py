@@ -15,6 +15,7 @@ from debug_nan.checks.driver import StepInputs, TaskFailure
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.watch import Check
 from debug_nan.errors import InputError, describe_exception
+from debug_nan.report import streams
 from debug_nan.report.bundle import read_bundle, same_origin, task_file_state
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.log import Log
@@ -103,6 +104,7 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
                             f"the replay differs (non-determinism or another device).")
     elif not result.interrupted:
         result.notes.append("The replay did not reproduce a non-finite value.")
+    result.notes.extend(streams.notes())
     if trainer is not None:
         result.recipe = trainer.recipe.describe()
     elapsed = time.perf_counter() - started

@@ -23,6 +23,7 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
 from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
 from debug_nan.report.log import Log
+from debug_nan.report import streams
 from debug_nan.report.step_line import StepLines
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
@@ -224,7 +225,8 @@ def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) 
             log(line)
     if log.copy_failure:
         result.notes.append(log.copy_failure)
-    if log.stdout_closed:
+    result.notes.extend(streams.notes())
+    if log.stdout_closed and not streams.failure("stdout"):
         result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
     failures, written = [], []
     if s.report:
