@@ -10,6 +10,7 @@ Everything that imports torch is imported inside the commands, so --help and usa
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -18,7 +19,9 @@ import click
 from debug_nan.errors import InputError
 from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
-from debug_nan.report.outputs import OutputWriteError, check_output_paths, check_writable, job_inputs, job_outputs
+from debug_nan import __version__
+from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
+                                        job_outputs, write_text_atomic)
 from debug_nan.settings import CHOICES, RunSettings, build_settings, load_config
 
 DEFAULTS = RunSettings()
@@ -136,6 +139,22 @@ def write_error_report_safely(report: str, message: str, inputs: dict[str, str],
         click.echo(f"debug-nan: note: no error report written: {exc}", err=True)
 
 
+def write_interrupted_report_safely(report: str, exc: BaseException, inputs: dict[str, str],
+                                    outputs: dict[str, str]) -> None:
+    """The report of a run interrupted before its log opened (torch still importing, the outputs being checked):
+    interrupted, nothing run, the signal's exit code. Without torch (it may be what was being imported)."""
+    name, code = interrupts.interrupt_name(exc), interrupts.interrupt_code(exc)
+    data = {"status": "clean", "interrupted": True, "steps_run": 0, "first_nonfinite": None, "findings": [],
+            "exit_code": code, "notes": [f"Interrupted ({name}) before the run started: nothing was trained."],
+            "debug_nan": __version__}
+    try:
+        check_output_paths({"--report": report}, {**inputs, **{k: v for k, v in outputs.items() if k != "--report"}})
+        check_writable(report, "--report")
+        write_text_atomic(report, json.dumps(data, indent=2) + "\n", "--report")
+    except InputError as exc2:  # OutputWriteError included
+        click.echo(f"debug-nan: note: no report written: {exc2}", err=True)
+
+
 def _exit(code: int) -> None:
     """Exit; under torchrun every rank leaves together (rank 0 has written the report by now)."""
     if "RANK" in os.environ:
@@ -222,9 +241,14 @@ class DebugNanGroup(click.Group):
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:
             usage_error(exc, args)
-        except click.Abort:  # Ctrl-C (or SIGTERM) while Click parsed
-            click.echo("debug-nan: interrupted.", err=True)
-            sys.exit(interrupts.interrupt_code())
+        except click.Abort as exc:  # Ctrl-C (or SIGTERM) while Click parsed
+            interrupt = exc.__cause__ or exc.__context__
+            click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
+            report = _report_in_argv(args)[0]
+            if report and _main_rank():
+                named = {f"argument {a}": a for a in args if a != report and not a.startswith("-") and os.path.lexists(a)}
+                write_interrupted_report_safely(report, interrupt, named, {})
+            sys.exit(interrupts.interrupt_code(interrupt))
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
@@ -247,13 +271,13 @@ def main(ctx: click.Context, config, **flags):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from debug_nan.runner import run_job
-    from debug_nan.train import distributed
-
-    values = _values(config, flags)
+    values, started = _values(config, flags), False
     try:
+        from debug_nan.runner import run_job  # torch: seconds, during which a SIGTERM still gets its report
+        from debug_nan.train import distributed
+
         settings = build_settings(config, flags)
-        values = settings.to_dict()
+        values, started = settings.to_dict(), True
         code = run_job(settings, config=config)
     except OutputWriteError as exc:  # the run ended; its summary is printed and its other outputs written
         click.echo(error_line(str(exc)), err=True)
@@ -262,6 +286,8 @@ def main(ctx: click.Context, config, **flags):
         fail(str(exc), values.get("report") if _main_rank() else None, job_inputs(values, config), job_outputs(values))
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM outside the training loop (which writes its own summary)
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        if (not started or getattr(exc, "before_log", False)) and values.get("report") and _main_rank():
+            write_interrupted_report_safely(values["report"], exc, job_inputs(values, config), job_outputs(values))
         sys.exit(interrupts.interrupt_code(exc))
     if distributed.detect() is not None:
         distributed.leave_together(code)  # every rank leaves with its own code once all are done

@@ -157,8 +157,9 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
             log.close()
         raise
     except KeyboardInterrupt as exc:
-        if log is None:
-            return interrupt_code(exc)
+        if log is None:  # before the log opened: the cli writes the interrupted report
+            exc.before_log = True
+            raise
         log(f"Interrupted ({interrupt_name(exc)}) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     if result.interrupted and result.exit_code is None:

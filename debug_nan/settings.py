@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_os_error
 
 CHOICES = {
     "asv_order": ("first", "abundance", "random"),
@@ -136,6 +136,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise InputError(f"Config file {path} does not exist (given with --config).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"Config file {path} is not valid TOML: {exc}.") from None
+    except OSError as exc:  # a directory, no read permission, a name longer than the file system allows
+        raise InputError(f"Config file {path} (given with --config) cannot be read: {describe_os_error(exc)}.") \
+            from None
     where = f"Config file {path}"
     values: dict[str, Any] = {}
     for key, value in raw.items():

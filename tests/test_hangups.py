@@ -165,3 +165,40 @@ def test_a_hang_up_lets_the_run_finish_as_nohup_would(tmp_path, pipeline, task, 
         assert report["steps_run"] == steps
     log = (tmp_path / "copy.log").read_text()
     assert "SUMMARY" in log and "Traceback" not in log and f"STEP {steps if code == 0 else 2}/{steps}" in log
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Has the process installed its handler for `signum` (SigCgt in /proc)?"""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return bool(caught & (1 << (signum - 1)))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("signals, when, code, steps", [
+    ((signal.SIGTERM,), "start", 143, 0),  # torch still importing: before the log opens
+    ((signal.SIGINT,), "start", 130, 0),
+    ((signal.SIGINT, signal.SIGINT), "STEP 3/", 130, None),  # a second Ctrl-C while the first is handled
+    ((signal.SIGTERM, signal.SIGTERM), "STEP 3/", 143, None),
+], ids=["sigterm-before-the-log", "ctrl-c-before-the-log", "ctrl-c-twice", "sigterm-twice"])
+def test_an_interrupt_at_any_time_leaves_the_report_and_no_traceback(tmp_path, signals, when, code, steps):
+    env = _folder(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "debug_nan", "--task", "faults.py:slow", "--device", "cpu",
+                             "--max-steps", "500", "--report", "r.json"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    if when == "start":
+        while not _handles(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.002)
+    else:
+        while when not in proc.stdout.readline() and time.monotonic() < deadline:
+            pass
+    for k, signum in enumerate(signals):
+        time.sleep(0.1 if k else 0)  # the second while the first is handled, or while the process ends
+        proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, out + err
+    assert "Traceback" not in out + err and "Exception ignored" not in err, err
+    report = _report(tmp_path)
+    assert (report["exit_code"], report["interrupted"], report["status"]) == (code, True, "clean")
+    assert report["steps_run"] == steps if steps is not None else 2 <= report["steps_run"] < 500

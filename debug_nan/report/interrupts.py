@@ -8,7 +8,10 @@ No torch here (the cli installs it first thing).
 
 from __future__ import annotations
 
+import atexit
+import os
 import signal
+import sys
 import threading
 
 SIGTERM_NAME, SIGHUP_NAME = "SIGTERM", "SIGHUP"
@@ -16,15 +19,62 @@ NAMES = {signal.SIGTERM: SIGTERM_NAME, signal.SIGHUP: SIGHUP_NAME}
 _received: list[int] = []
 
 
+_stopping: list[int] = []  # interrupts so far in this command: the first stops the run, the rest are counted
+
+
 def on_signal(signum, frame):  # noqa: ARG001 - the signal module's signature
+    if _again(signum):
+        return
     _received.append(signum)
     raise KeyboardInterrupt(NAMES.get(signum, SIGTERM_NAME))
 
 
+def _on_sigint(signum, frame):  # noqa: ARG001
+    if not _again(signum):
+        raise KeyboardInterrupt
+
+
+def _again(signum: int) -> bool:
+    """A second Ctrl-C / SIGTERM while the first is being handled (the summary and the report being written) says
+    so instead of breaking that off (or printing a traceback from interpreter teardown); a third quits at once
+    without them."""
+    _stopping.append(signum)
+    if len(_stopping) == 1:
+        return False
+    code = 128 + (_received[0] if _received else signal.SIGINT)
+    if len(_stopping) >= 3:
+        os._exit(code)
+    try:
+        sys.stderr.write("\ndebug-nan: stopping: writing the summary and the report (interrupt again to quit "
+                         "without them).\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return True
+
+
 def install() -> None:
-    """Route SIGTERM through KeyboardInterrupt (main thread only, as the signal module requires)."""
+    """Route SIGTERM through KeyboardInterrupt, and a repeated interrupt through _again (main thread only, as the
+    signal module requires)."""
+    _stopping.clear()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, _on_sigint)
+        if not _at_exit:
+            _at_exit.append(atexit.register(_ignore_at_exit))
+
+
+_at_exit: list = []
+
+
+def _ignore_at_exit() -> None:
+    """The outputs are written and the process is ending: an interrupt during the interpreter's teardown (when
+    Python puts the default handlers back) would only turn the code the run earned into death by signal."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(signum, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
 
 
 def _signal_of(exc: BaseException | None) -> int | None:
