@@ -192,7 +192,7 @@ def build_settings(config_path: str | None, overrides: dict[str, Any]) -> RunSet
 def validate(s: RunSettings) -> None:
     """Range checks that do not need the data; each message names the option."""
     positive = ["token_limit", "batch_size", "max_steps", "gradient_accumulation_steps", "d_model", "heads",
-                "ffn_mult", "synthetic_samples"]
+                "ffn_mult", "synthetic_samples", "asv_layers", "sample_layers", "encoder_layers"]
     for name in positive:
         value = getattr(s, name)
         if value is None or value <= 0:
