@@ -1,7 +1,8 @@
 """The command line: `debug-nan [OPTIONS]` runs the job; `debug-nan replay BUNDLE` re-runs a saved finding.
 
 Exit codes: 0 clean, 1 non-finite found (or the task's code failed), 2 bad usage, bad input or an output that
-could not be written, 130 Ctrl-C, 143 SIGTERM (an interrupt wins over a finding made before it: the report then
+could not be written, 130 Ctrl-C, 143 SIGTERM, 129 a hang-up under torchrun (alone, a run goes on after
+SIGHUP: report/streams.py) (an interrupt wins over a finding made before it: the report then
 says status nonfinite, interrupted true). Every exit 2 leaves the error report where --report asked for one
 (Click's own usage errors included), unless that path is an input or could not be read from the command line.
 The only module that prints usage errors and ends the process: the library raises InputError and returns codes.
@@ -16,10 +17,10 @@ import sys
 
 import click
 
+from debug_nan import __version__
 from debug_nan.errors import InputError
 from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
-from debug_nan import __version__
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
                                         job_outputs, write_text_atomic)
 from debug_nan.settings import CHOICES, RunSettings, build_settings, load_config
@@ -246,7 +247,8 @@ class DebugNanGroup(click.Group):
             click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
             report = _report_in_argv(args)[0]
             if report and _main_rank():
-                named = {f"argument {a}": a for a in args if a != report and not a.startswith("-") and os.path.lexists(a)}
+                named = {f"argument {a}": a for a in args
+                         if a != report and not a.startswith("-") and os.path.lexists(a)}
                 write_interrupted_report_safely(report, interrupt, named, {})
             sys.exit(interrupts.interrupt_code(interrupt))
         if not standalone_mode:

@@ -202,3 +202,19 @@ def test_an_interrupt_at_any_time_leaves_the_report_and_no_traceback(tmp_path, s
     report = _report(tmp_path)
     assert (report["exit_code"], report["interrupted"], report["status"]) == (code, True, "clean")
     assert report["steps_run"] == steps if steps is not None else 2 <= report["steps_run"] < 500
+
+
+def test_under_torchrun_a_hang_up_stops_like_sigterm_with_129(monkeypatch):
+    """torchrun forwards SIGHUP to its workers and kills them after a grace period: a worker stops at once, with
+    the partial report (the loop's KeyboardInterrupt path), exit 129."""
+    from debug_nan.report import interrupts, streams
+
+    monkeypatch.setattr(streams, "_terminal_fds", set())
+    monkeypatch.setattr(streams, "_hangups", [])
+    monkeypatch.setattr(interrupts, "_received", [])
+    monkeypatch.setattr(interrupts, "_stopping", [])
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(KeyboardInterrupt) as caught:
+        streams._on_hangup(signal.SIGHUP, None)
+    assert (interrupts.interrupt_name(caught.value), interrupts.interrupt_code(caught.value)) == ("SIGHUP", 129)
+    assert streams.hung_up() and streams.notes() == []  # the report says interrupted (SIGHUP), not "went on"
