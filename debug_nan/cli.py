@@ -235,15 +235,15 @@ class DebugNanGroup(click.Group):
     error report (Click's standalone mode would print them and exit without one)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        streams.install()  # a hung-up terminal, a broken pipe or a full disk never ends the run (first: fds 0-2)
-        interrupts.install()
         args = list(sys.argv[1:] if args is None else args)
+        streams.install()  # a hung-up terminal, a broken pipe or a full disk never ends the run (first: fds 0-2)
         try:
+            interrupts.install()  # inside: a signal right after it still gets its report
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:
             usage_error(exc, args)
-        except click.Abort as exc:  # Ctrl-C (or SIGTERM) while Click parsed
-            interrupt = exc.__cause__ or exc.__context__
+        except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C (or SIGTERM) while Click set up or parsed
+            interrupt = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
             click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
             report = _report_in_argv(args)[0]
             if report and _main_rank():
