@@ -18,12 +18,14 @@ import torch
 
 import debug_nan
 from debug_nan.checks.driver import is_out_of_memory
+from debug_nan.data.memory import available_bytes
 from debug_nan.data.tokens import ASV_LEN
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
 from debug_nan.report.history_plot import check_plot_available, plot_history
 from debug_nan.report.history_table import history_lines
 from debug_nan.report.log import Log
+from debug_nan.report import streams
 from debug_nan.report.step_line import StepLines
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
@@ -111,6 +113,29 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
     return f"{where} At these settings the built-in model holds: {listed}.{match} To fit, {advice}."
 
 
+def check_activation_memory(s: RunSettings, device: torch.device) -> None:
+    """Before any data is read: the built-in model's attention probabilities alone (saved for the backward: the
+    softmax's output per layer, and dropout's) must fit in the memory the device can give, else exit 2 naming
+    --token-limit (the kernel would kill the run without a word). A lower bound, so a run this refuses could never
+    have trained: --token-limit 300 on 12 samples (bound 2.6 GB) peaked at 8.4 GB RSS on CPU."""
+    asv, _, sample = builtin_model_sizes(s)
+    copies = 2 if s.dropout > 0 else 1  # softmax keeps its output; dropout keeps what it passes on
+    need = copies * (asv[1] * s.asv_layers + sample[1] * (s.sample_layers + s.encoder_layers))
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], str(device)
+    else:
+        available, where = available_bytes(), "this machine's memory"
+    if available is None or need <= available:
+        return
+    chunk = "" if s.asv_chunk_size else ", or bound the ASV encoder with --asv-chunk-size (e.g. 512)"
+    raise InputError(
+        f"--token-limit {s.token_limit}: the built-in model would hold at least {_size(need)} of attention "
+        f"probabilities for one micro-batch ({asv[0]}: {_size(asv[1])} x {s.asv_layers} layer(s); {sample[0]}: "
+        f"{_size(sample[1])} x {s.sample_layers + s.encoder_layers} layer(s)"
+        f"{'; twice: softmax and dropout keep one each' if copies == 2 else ''}), more than the {_size(available)} "
+        f"{where} can give now. Lower --token-limit (or --batch-size){chunk}.")
+
+
 def output_folder(s: RunSettings) -> str:
     """Where a finding's repro bundle goes: --bundle-dir, else the report's folder, else the current folder."""
     return s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
@@ -147,6 +172,8 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
             log = Log(rank_log_path(s, ctx.rank), stream=open(os.devnull, "w"))
         try:
             device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
+            if not s.task:
+                check_activation_memory(s, device)
             trainer = build_trainer(s, log, device, ctx)
             result = trainer.run()
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
@@ -159,8 +186,9 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
             log.close()
         raise
     except KeyboardInterrupt as exc:
-        if log is None:
-            return interrupt_code(exc)
+        if log is None:  # before the log opened: the cli writes the interrupted report
+            exc.before_log = True
+            raise
         log(f"Interrupted ({interrupt_name(exc)}) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     if result.interrupted and result.exit_code is None:
@@ -239,7 +267,8 @@ def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) 
             log(line)
     if log.copy_failure:
         result.notes.append(log.copy_failure)
-    if log.stdout_closed:
+    result.notes.extend(streams.notes())
+    if log.stdout_closed and not streams.failure("stdout"):
         result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
     failures, written = [], []
     if s.report:

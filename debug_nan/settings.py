@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_os_error
 
 CHOICES = {
     "asv_order": ("first", "abundance", "random"),
@@ -140,6 +140,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise InputError(f"Config file {path} does not exist (given with --config).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"Config file {path} is not valid TOML: {exc}.") from None
+    except OSError as exc:  # a directory, no read permission, a name longer than the file system allows
+        raise InputError(f"Config file {path} (given with --config) cannot be read: {describe_os_error(exc)}.") \
+            from None
     where = f"Config file {path}"
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -193,7 +196,7 @@ def build_settings(config_path: str | None, overrides: dict[str, Any]) -> RunSet
 def validate(s: RunSettings) -> None:
     """Range checks that do not need the data; each message names the option."""
     positive = ["token_limit", "batch_size", "max_steps", "gradient_accumulation_steps", "d_model", "heads",
-                "ffn_mult", "synthetic_samples"]
+                "ffn_mult", "synthetic_samples", "asv_layers", "sample_layers", "encoder_layers"]
     for name in positive:
         value = getattr(s, name)
         if value is None or value <= 0:

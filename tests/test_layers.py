@@ -20,7 +20,7 @@ LAYERS = {  # module or package prefix -> layer; the longest matching prefix win
     "debug_nan.replay": 6, "debug_nan.runner": 6, "debug_nan.api": 6,
     "debug_nan.integrations": 7,  # the framework callbacks, on top of the API (nothing imports them)
     "debug_nan.launch": 7,  # `debug-nan run`: on the framework step protocol (integrations/session.py)
-    "debug_nan.cli": 7, "debug_nan.cli_help": 7, "debug_nan.__main__": 8,
+    "debug_nan.cli": 7, "debug_nan.cli_help": 7, "debug_nan.cli_options": 7, "debug_nan.__main__": 8,
 }
 
 # Imports inside a function: allowed only when listed here, each with its reason. (importer, imported)

@@ -167,6 +167,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
             self._conclude()
         if self.monitor.findings:  # the NaN gradient that made an fp16 scaler skip the last step is not kept
             self.monitor.model.zero_grad(set_to_none=True)
+        ddp.let_gloo_workers_finish()
 
     # -- the wrapped training_step -----------------------------------------------------------------------------
     def _install(self) -> None:
