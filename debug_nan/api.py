@@ -12,12 +12,19 @@
         optimizer.zero_grad()
     monitor.close()                                            # or: with debug_nan.Monitor(...) as monitor:
 
-On leaving the block the monitor does its one host sync. If a module output, the loss or a gradient went
-non-finite (or your code raised inside the block), it replays that micro-batch from a snapshot taken at the
-start of the block under the op-level tracer and raises `debug_nan.NonFiniteError`, whose `.finding` holds the
-origin (same fields as the JSON report's `first_nonfinite`). A parameter that the optimizer step made non-finite
-is caught at the next `step()`, and the optimizer step is replayed to find the op. The monitor checks only inside
-`step()`: a validation pass between steps is not watched.
+On leaving the block the monitor does its one host sync. If the loss or a gradient went non-finite (or your code
+raised inside the block), it replays that micro-batch from a snapshot taken at the start of the optimizer step
+under the op-level tracer and raises `debug_nan.NonFiniteError`, whose `.finding` holds the origin (same fields as
+the JSON report's `first_nonfinite`). A parameter that the optimizer step made non-finite is caught at the next
+`step()` (the optimizer's step hook tells the monitor when you stepped), and the optimizer step is replayed to find
+the op. After a step's last micro-batch the gradient norms are checked for an explosion, as in the CLI.
+
+The protocol is the CLI's step session (train/session.py): the same checks and decisions. Tell the monitor what your
+loop does, so that its replay does it too:
+    accumulation_steps=N   you back-propagate loss / N for N micro-batches (one step() block each), then step
+    scaler=GradScaler      you back-propagate scaler.scale(loss) and step through scaler.step(optimizer)
+    max_grad_norm=X        you clip the total gradient norm to X before the optimizer step
+The monitor checks only inside `step()`: a validation pass between steps is not watched.
 """
 
 from __future__ import annotations
@@ -26,13 +33,10 @@ from contextlib import contextmanager
 
 import torch
 
-from debug_nan.checks.driver import StepInputs, TaskFailure
+from debug_nan.checks.driver import TaskFailure
 from debug_nan.checks.finding import Finding
-from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng
-from debug_nan.checks.stats import capture_batch
-from debug_nan.checks.watch import Watch
 from debug_nan.report.summary import finding_lines
+from debug_nan.train.session import SessionPolicies, StepSession
 from debug_nan.train.task import split_loss
 
 
@@ -45,87 +49,125 @@ class NonFiniteError(RuntimeError):
 
 
 class Monitor:
-    """Watch (always on inside step()) + pinpoint (on a trip) around a training loop you own. It is the
-    pinpointer's StepDriver: the replay calls `loss_fn` and your optimizer through the methods below."""
-
-    accumulation_steps = 1  # each step() block is one micro-batch and one optimizer step
+    """Watch (always on inside step()) + pinpoint (on a trip) around a training loop you own: a driver of the
+    step session, and the pinpointer's StepDriver (the replay calls `loss_fn` and your optimizer through the
+    methods below)."""
 
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer | None = None,
-                 log=lambda line="", colour=None: None):
+                 log=lambda line="", colour=None: None, *, accumulation_steps: int = 1, scaler=None,
+                 max_grad_norm: float | None = None, explosion_threshold: float = 1e4,
+                 explosion_growth: float = 1e3, detailed: bool = False, snapshot: str = "host"):
+        if accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps={accumulation_steps}: give the number of micro-batches (step() "
+                             f"blocks) per optimizer step, 1 or more")
         self.model, self.loss_fn, self.optimizer, self.log = model, loss_fn, optimizer, log
         self.device = next(model.parameters()).device
-        self.watch = Watch(model, optimizer)
+        self.accumulation_steps, self.max_grad_norm = accumulation_steps, max_grad_norm
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.session = StepSession(self, SessionPolicies(
+            scaler=self.scaler, explosion=(explosion_threshold, explosion_growth), dialect="api",
+            snapshot_mode=snapshot))
+        self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside step()
-        # two snapshots: a parameter trip is found at the next step(), and replays the step before it
-        self.snapshots = [Snapshot(model, optimizer) for _ in range(2)]
-        self.pinpointer = Pinpointer(self)
-        self.steps = 0
+        self.watch.detailed = detailed
         self.closed = False
-        self._previous: StepInputs | None = None
+        self._replaying = False
+        self._micro = 0  # micro-batches of the optimizer step under way
+        # the optimizer tells when the user's loop stepped (a GradScaler's skipped step never reaches it)
+        self._hook = optimizer.register_step_post_hook(self._stepped) if optimizer is not None else None
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps begun so far (with accumulation_steps=1: step() blocks entered)."""
+        return self.session.steps
 
     # -- the StepDriver methods --------------------------------------------------------------------------------
     def replay_loss(self, batch):
         return split_loss(self.loss_fn(self.model, batch))
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
-        loss.backward()
+        loss = loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
+        (self.scaler.scale(loss) if scaled and self.scaler is not None else loss).backward()
 
     def optimizer_step(self) -> None:
-        self.optimizer.step()
+        """Your loop's update as the monitor was told it: unscale (scaler), clip (max_grad_norm), step."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
 
     def average_gradients(self) -> None:
         pass  # a single process
 
+    @contextmanager
     def watch_paused(self):
-        return self.watch.paused()
+        self._replaying = True  # the replay's own optimizer step is not the user's
+        try:
+            with self.watch.paused():
+                yield
+        finally:
+            self._replaying = False
 
     # -- the user's side ---------------------------------------------------------------------------------------
     def watch_loss(self, loss) -> None:
-        loss, parts = split_loss(loss)
-        self.watch.watch_loss(loss, parts)
+        self.session.watch_loss(*split_loss(loss))
+
+    def _stepped(self, *_) -> None:
+        if not self._replaying and not self.closed:
+            self.session.stepped()
 
     @contextmanager
     def step(self, batch):
-        """One micro-batch. Raises NonFiniteError when its forward, loss or backward went non-finite."""
+        """One micro-batch. Raises NonFiniteError when its forward, loss or backward went non-finite (or, after
+        the step's last micro-batch, when the gradient norm exploded)."""
         if self.closed:
             raise RuntimeError("this debug_nan.Monitor is closed: create a new one to watch more steps")
-        self.steps += 1
-        inputs = StepInputs(step=self.steps, batches=[capture_batch(batch, self.device)],
-                            rng=[capture_rng(self.device)], snapshot=self.snapshots[self.steps % 2])
-        inputs.snapshot.save()
-        self.watch.discard()
-        self.watch.enabled = True
+        session = self.session
+        if self._micro == 0:
+            session.begin_step()
+        self._micro += 1
+        last = self._micro == self.accumulation_steps
+        if last:
+            self._micro = 0
+        session.begin_micro(batch)
         error = None
         try:
-            if self.optimizer is not None and self._previous is not None:
-                self.watch.watch_params()  # what the user's optimizer step after the previous block left
-            self.watch.watch_batch(batch)
-            try:
-                yield self
-            except (KeyboardInterrupt, NonFiniteError):
-                raise
-            except Exception as exc:  # the user's own NaN check raising is a trip too
-                error = exc
-            self.watch.watch_grads()
-            bad = self.watch.sync().first_harm()
-        finally:
+            yield self
+        except (KeyboardInterrupt, NonFiniteError):
             self.watch.enabled = False
-        if bad is None and error is None:
-            self._previous = inputs
-            return
+            self.watch.discard()
+            raise
+        except Exception as exc:  # the user's own NaN check raising is a trip too
+            error = exc
         try:
-            if bad is not None and bad.kind == "param" and self._previous is not None:
-                finding = self.pinpointer.pinpoint(self._previous, 1, bad, None, optimizer=True)
-            else:
-                finding = self.pinpointer.pinpoint(inputs, 1, bad, error)
+            finding = session.end(last, error)
         except TaskFailure:
             raise error from None
-        raise NonFiniteError(finding) from error
+        if finding is not None:
+            raise NonFiniteError(finding) from error
+        if error is not None:
+            raise error
 
     def close(self) -> None:
-        """Remove the hooks from the model (it is left as it was); the monitor cannot be used again."""
+        """Remove the hooks from the model and the optimizer (they are left as they were); the monitor cannot be
+        used again until attach()."""
         self.watch.close()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         self.closed = True
+
+    def attach(self) -> None:
+        """Register the hooks again after close() (the state the monitor holds is kept)."""
+        self.watch.attach()
+        if self._hook is None and self.optimizer is not None:
+            self._hook = self.optimizer.register_step_post_hook(self._stepped)
+        self.closed = False
 
     def __enter__(self) -> Monitor:
         return self

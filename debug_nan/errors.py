@@ -16,3 +16,14 @@ def describe_exception(exc: BaseException) -> str:
     frame = user_frame_of_traceback(traceback.extract_tb(exc.__traceback__))
     where = f" (at {short_path(frame.filename)}:{frame.lineno})" if frame is not None else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def describe_os_error(exc: OSError) -> str:
+    """Why a file could not be opened, in words (a name over the file system's 255-byte limit said as such)."""
+    import errno
+
+    if exc.errno == errno.ENAMETOOLONG:
+        return "a name in that path is longer than the file system allows (255 bytes per name)"
+    if exc.errno == errno.EISDIR:
+        return "it is a directory, not a file"
+    return exc.strerror or str(exc)

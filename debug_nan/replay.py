@@ -16,12 +16,13 @@ from debug_nan.checks.driver import StepInputs, TaskFailure
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.watch import Check
 from debug_nan.errors import InputError, describe_exception
+from debug_nan.report import streams
 from debug_nan.report.bundle import read_bundle, same_origin, task_file_state
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.log import Log
 from debug_nan.report.outputs import OutputWriteError, check_output_paths, check_writable, task_file
 from debug_nan.report.summary import exit_code, report_dict, write_report, write_summary
-from debug_nan.settings import RunSettings
+from debug_nan.settings import FIELD_TYPES, RunSettings
 from debug_nan.train.aam_task import build_aam_model_task
 from debug_nan.train.device import resolve_device
 from debug_nan.train.loop import Trainer
@@ -32,6 +33,11 @@ from debug_nan.train.task import load_task
 def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:
     """Rebuild the task and state from a read bundle `b` and replay its micro-batch -> (finding, trainer, notes).
     A --task file runs from the text stored in the bundle (the run as it was), whatever the file on disk is now."""
+    unknown = sorted(set(b["settings"]) - set(FIELD_TYPES))
+    if unknown:  # a bundle of the same format from a newer debug-nan, with settings this one does not have
+        raise InputError(f"Bundle {path} was written by a newer debug-nan: its settings {', '.join(unknown)} are "
+                         f"unknown to debug-nan {debug_nan.__version__}. Replay it with the debug-nan that wrote "
+                         f"it, or upgrade.")
     settings = RunSettings(**{**b["settings"], "device": device_spec, "report": None, "log": None})
     device = resolve_device(settings.device, log)
     notes = []
@@ -63,6 +69,20 @@ def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | 
     return finding, trainer, notes
 
 
+def interrupted_result(b: dict, exc: BaseException, notes: list[str]) -> RunResult:
+    """An interrupted replay confirmed nothing: the status is the bundle's recorded finding (never CLEAN for a
+    NaN bundle), said to be the recorded one."""
+    try:
+        recorded = Finding(**b["finding"])
+    except TypeError:  # a finding of another layout: the words alone
+        recorded = None
+    notes = [*notes, f"The replay was interrupted ({interrupt_name(exc)}) before it finished: the finding above is "
+                     f"the one the bundle recorded, not confirmed by this replay."]
+    return RunResult(status="nonfinite" if recorded else "error", steps_run=0, finding=recorded,
+                     findings=[recorded] if recorded else [], interrupted=True, exit_code=interrupt_code(exc),
+                     notes=notes, error=None if recorded else "The replay was interrupted before it finished.")
+
+
 def check_replay_outputs(bundle: str, report: str | None, log_path: str | None, data: dict | None) -> None:
     """No output over the bundle, its task file, or the other output; the report's folder writable."""
     inputs = {"bundle": bundle}
@@ -89,7 +109,7 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
                            findings=[finding] if finding else [], notes=notes)
     except KeyboardInterrupt as exc:
         log(f"Interrupted ({interrupt_name(exc)}) during the replay.", "yellow")
-        result = RunResult(status="clean", steps_run=0, interrupted=True, exit_code=interrupt_code(exc), notes=notes)
+        result = interrupted_result(data, exc, notes)
         finding = None
     except Exception as exc:  # noqa: BLE001 - every failure of a replay is an exit 2 with its report
         message = str(exc) if isinstance(exc, InputError) else \
@@ -110,6 +130,7 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
                                 f"({recorded['cause']}); the replay differs (non-determinism or another device).")
     elif not result.interrupted:
         result.notes.append("The replay did not reproduce a non-finite value.")
+    result.notes.extend(streams.notes())
     if trainer is not None:
         result.recipe = trainer.recipe.describe()
     elapsed = time.perf_counter() - started

@@ -18,16 +18,20 @@ import torch
 
 import debug_nan
 from debug_nan.checks.driver import is_out_of_memory
+from debug_nan.data.memory import available_bytes
 from debug_nan.data.tokens import ASV_LEN
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
-from debug_nan.report.history_table import check_plot_available, history_lines, plot_history
+from debug_nan.report.history_plot import check_plot_available, plot_history
+from debug_nan.report.history_table import history_lines
 from debug_nan.report.log import Log
+from debug_nan.report import streams
 from debug_nan.report.step_line import StepLines
 from debug_nan.report.interrupts import interrupt_code, interrupt_name
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
                                         job_outputs)
-from debug_nan.report.summary import exit_code, report_dict, write_report, write_summary
+from debug_nan.report.summary import exit_code, finding_lines, report_dict, write_report, write_summary
+from debug_nan.report.tensorboard import check_tensorboard, finding_markdown, write_tensorboard
 from debug_nan.settings import RunSettings
 from debug_nan.train import distributed
 from debug_nan.train.aam_task import build_aam_task
@@ -109,6 +113,29 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
     return f"{where} At these settings the built-in model holds: {listed}.{match} To fit, {advice}."
 
 
+def check_activation_memory(s: RunSettings, device: torch.device) -> None:
+    """Before any data is read: the built-in model's attention probabilities alone (saved for the backward: the
+    softmax's output per layer, and dropout's) must fit in the memory the device can give, else exit 2 naming
+    --token-limit (the kernel would kill the run without a word). A lower bound, so a run this refuses could never
+    have trained: --token-limit 300 on 12 samples (bound 2.6 GB) peaked at 8.4 GB RSS on CPU."""
+    asv, _, sample = builtin_model_sizes(s)
+    copies = 2 if s.dropout > 0 else 1  # softmax keeps its output; dropout keeps what it passes on
+    need = copies * (asv[1] * s.asv_layers + sample[1] * (s.sample_layers + s.encoder_layers))
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], str(device)
+    else:
+        available, where = available_bytes(), "this machine's memory"
+    if available is None or need <= available:
+        return
+    chunk = "" if s.asv_chunk_size else ", or bound the ASV encoder with --asv-chunk-size (e.g. 512)"
+    raise InputError(
+        f"--token-limit {s.token_limit}: the built-in model would hold at least {_size(need)} of attention "
+        f"probabilities for one micro-batch ({asv[0]}: {_size(asv[1])} x {s.asv_layers} layer(s); {sample[0]}: "
+        f"{_size(sample[1])} x {s.sample_layers + s.encoder_layers} layer(s)"
+        f"{'; twice: softmax and dropout keep one each' if copies == 2 else ''}), more than the {_size(available)} "
+        f"{where} can give now. Lower --token-limit (or --batch-size){chunk}.")
+
+
 def output_folder(s: RunSettings) -> str:
     """Where a finding's repro bundle goes: --bundle-dir, else the report's folder, else the current folder."""
     return s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
@@ -127,6 +154,7 @@ def check_outputs(s: RunSettings, config: str | None, ctx) -> None:
     check_writable(s.report, "--report")
     check_writable(s.plot, "--plot")
     check_plot_available(s.plot)
+    check_tensorboard(s.tensorboard)
 
 
 def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
@@ -144,6 +172,8 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
             log = Log(rank_log_path(s, ctx.rank), stream=open(os.devnull, "w"))
         try:
             device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
+            if not s.task:
+                check_activation_memory(s, device)
             trainer = build_trainer(s, log, device, ctx)
             result = trainer.run()
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
@@ -156,8 +186,9 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
             log.close()
         raise
     except KeyboardInterrupt as exc:
-        if log is None:
-            return interrupt_code(exc)
+        if log is None:  # before the log opened: the cli writes the interrupted report
+            exc.before_log = True
+            raise
         log(f"Interrupted ({interrupt_name(exc)}) before training started.", "yellow")
         result = RunResult(status="clean", steps_run=0, interrupted=True)
     if result.interrupted and result.exit_code is None:
@@ -197,7 +228,8 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
     log(f"  {trainer.recipe.line()}")
     if trainer.reducer is not None:
         log(f"  gradients averaged by {trainer.reducer.describe()}")
-    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps, trainer.recipe.max_grad_norm)
+    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps,
+                                 trainer.recipe.max_grad_norm, quiet=s.quiet)
     if s.bundle:
         folder = output_folder(s)
         trainer.save_repro = lambda state: str(write_bundle(folder, state))
@@ -213,18 +245,30 @@ def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> 
     return InputError(f"building the trainer: {describe_exception(exc)}")
 
 
+def tensorboard_texts(result) -> dict[str, str]:
+    """The run's status and its first finding, as the summary prints them."""
+    texts = {"status": f"{result.status}, {result.steps_run} step(s) run"}
+    if result.finding is not None:
+        texts["finding"] = finding_markdown(finding_lines(result.finding))
+    if result.error:
+        texts["error"] = result.error
+    return texts
+
+
 def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
     """The history table, the JSON report, then the plot (a failure to write one never loses the other), then the
     summary with the real exit code (the last block of the log). Returns the exit code; raises OutputWriteError
     (exit 2) after the summary when an output could not be written."""
-    if result.history.steps:
+    full, found = s.history == "full", result.finding.module if result.finding is not None else None
+    if result.history.steps and not s.quiet:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
-        for line in history_lines(result.history, trainer.model):
+        for line in history_lines(result.history, trainer.model, full, found):
             log(line)
     if log.copy_failure:
         result.notes.append(log.copy_failure)
-    if log.stdout_closed:
+    result.notes.extend(streams.notes())
+    if log.stdout_closed and not streams.failure("stdout"):
         result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
     failures, written = [], []
     if s.report:
@@ -235,8 +279,14 @@ def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) 
             failures.append(str(exc))
     if s.plot and result.history.steps:
         try:
-            plot_history(result.history, trainer.model, s.plot)
+            plot_history(result.history, trainer.model, s.plot, full, found)
             written.append(f"heat map written to {s.plot}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if s.tensorboard and result.history.steps:
+        try:
+            event = write_tensorboard(s.tensorboard, result.history, trainer.model, tensorboard_texts(result))
+            written.append(f"TensorBoard events written to {event} (tensorboard --logdir {s.tensorboard})")
         except OutputWriteError as exc:
             failures.append(str(exc))
     if failures:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_os_error
 
 CHOICES = {
     "asv_order": ("first", "abundance", "random"),
@@ -24,6 +24,7 @@ CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "asv_encoder": ("builtin", "torch"),
     "snapshot": ("host", "device", "params", "off"),  # checks.snapshot.SNAPSHOT_MODES
+    "history": ("compact", "full"),  # report.history_rows: blocks grouped to fit one screen, or every layer
 }
 
 
@@ -83,6 +84,9 @@ class RunSettings:
     plot: str | None = None
     bundle_dir: str | None = None
     bundle: bool = True
+    history: str = "compact"
+    quiet: bool = False  # the header, one line per step and the summary
+    tensorboard: str | None = None  # a folder for TensorBoard event files, written at the end of the run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,7 +103,7 @@ SECTIONS = {
               "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
               "skip_batches", "eval_every", "eval_batches", "eval_samples"),
     "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot"),
-    "output": ("report", "log", "plot", "bundle_dir", "bundle"),
+    "output": ("report", "log", "plot", "bundle_dir", "bundle", "history", "quiet", "tensorboard"),
 }
 TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
 assert sorted(TABLE_OF) == sorted(FIELD_TYPES), "every setting belongs to exactly one config table"
@@ -136,6 +140,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise InputError(f"Config file {path} does not exist (given with --config).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"Config file {path} is not valid TOML: {exc}.") from None
+    except OSError as exc:  # a directory, no read permission, a name longer than the file system allows
+        raise InputError(f"Config file {path} (given with --config) cannot be read: {describe_os_error(exc)}.") \
+            from None
     where = f"Config file {path}"
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -189,7 +196,7 @@ def build_settings(config_path: str | None, overrides: dict[str, Any]) -> RunSet
 def validate(s: RunSettings) -> None:
     """Range checks that do not need the data; each message names the option."""
     positive = ["token_limit", "batch_size", "max_steps", "gradient_accumulation_steps", "d_model", "heads",
-                "ffn_mult", "synthetic_samples"]
+                "ffn_mult", "synthetic_samples", "asv_layers", "sample_layers", "encoder_layers"]
     for name in positive:
         value = getattr(s, name)
         if value is None or value <= 0:

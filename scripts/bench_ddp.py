@@ -88,7 +88,7 @@ def rank_main(rank: int, args, store: str, result_path: str) -> None:
         learned, keep = reducer.steps > 0, reducer.overlap  # (the first step learns the order, never overlaps)
         reducer.overlap = keep and overlap if learned else keep
         try:
-            finding, _ = trainer.train_step(i + 1, itertools.cycle(batches), None)
+            finding = trainer.train_step(i + 1, itertools.cycle(batches))
         finally:
             if learned:
                 reducer.overlap = keep

@@ -1,10 +1,13 @@
 """The watch's overhead inside PyTorch Lightning and the HF Trainer: the same run with and without the callback.
 
-    python scripts/bench_integrations.py [--device cpu] [--hidden 128 --layers 4 --seq 128 --batch 8]
+    python scripts/bench_integrations.py [--device cpu] [--model bert|deep|gpt2]
+                                         [--hidden 128 --layers 4 --seq 128 --batch 8]  (bert's size)
                                          [--steps 30 --warmup 5 --repeats 5] [--accumulate 1] [--threads 1]
                                          [--precision fp32|bf16|fp16] [--json out.json]
 
-For each framework, the same BertForMaskedLM (built from a config: no download) trains --steps optimizer steps,
+For each framework, the same model trains --steps optimizer steps: BertForMaskedLM (built from a config: no
+download), or the deep-narrow / GPT-2-like presets of scripts/bench_models.py (whose batch and sequence length
+they fix),
 plain and with DebugNaNCallback, alternately (plain first in even pairs, watched first in odd ones), --repeats
 pairs. A timing callback measures the steps after --warmup (setup, first-step allocations and the framework's
 start-up excluded). Reported: median ms per optimizer step of each, and the median of the per-pair ratios.
@@ -25,9 +28,26 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_models import PRESETS, TinyGPT, lm_loss  # noqa: E402
+
+
+class PresetLM(torch.nn.Module):
+    """A bench_models preset that returns its loss, as a transformers model does: {"loss": ...}."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lm = TinyGPT(PRESETS[name])
+
+    def forward(self, idx, targets):
+        return {"loss": lm_loss(self.lm, {"idx": idx, "targets": targets})}
 
 
 def make_model(a):
+    if a.model != "bert":
+        return PresetLM(a.model)
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
@@ -39,6 +59,10 @@ def make_model(a):
 def samples(a) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     n = a.batch * a.accumulate * (a.steps + 1)
+    if a.model != "bert":
+        vocab = PRESETS[a.model].vocab
+        tokens = torch.randint(0, vocab, (n, a.seq + 1), generator=g)
+        return [{"idx": t[:-1], "targets": t[1:]} for t in tokens]
     ids = torch.randint(5, 1000, (n, a.seq), generator=g)
     labels = torch.where(torch.rand(n, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
     return [{"input_ids": i, "attention_mask": torch.ones(a.seq, dtype=torch.long), "labels": l}
@@ -58,7 +82,7 @@ def run_lightning(a, watched: bool) -> float:
             self.model = make_model(a)
 
         def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
+            return self.model(**batch)["loss"]
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-4)
@@ -136,6 +160,7 @@ def measure(run, a) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--model", choices=("bert", *PRESETS), default="bert")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
@@ -151,6 +176,8 @@ def main() -> None:
     a = ap.parse_args()
     if not 0 <= a.warmup < a.steps:
         ap.error("--warmup must be in 0 .. --steps - 1")
+    if a.model != "bert":  # the preset fixes its batch and sequence length
+        a.batch, a.seq = PRESETS[a.model].batch, PRESETS[a.model].seq
     torch.set_num_threads(a.threads)
     a.lightning_precision = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[a.precision]
     import logging
@@ -164,7 +191,8 @@ def main() -> None:
     for name in a.frameworks.split(","):
         results[name] = measure(runs[name], a)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"\nwatch overhead, BertForMaskedLM hidden {a.hidden} x {a.layers} layers, batch {a.batch} x seq {a.seq}, "
+    what = f"BertForMaskedLM hidden {a.hidden} x {a.layers} layers" if a.model == "bert" else f"preset {a.model}"
+    print(f"\nwatch overhead, {what}, batch {a.batch} x seq {a.seq}, "
           f"accumulation {a.accumulate}, {a.precision}, {device}; median of {a.repeats} interleaved pairs")
     print(f"{'framework':<12}{'plain ms/step':>15}{'watched ms/step':>17}{'ratio':>8}")
     for name, r in results.items():

@@ -80,12 +80,11 @@ def child(size: str, mode: str, device_spec: str, steps: int) -> dict:
         task = Task(model=model, batches=[batch], loss=lm_loss, optimizer=adamw, name=size)
         trainer = Trainer(task, settings, lambda *a, **k: None, device)
         stream = iter(lambda: batch, None)  # the same batch forever
-        previous = None
         for step in range(1, steps + 1):
-            finding, previous = trainer.train_step(step, stream, previous)
+            finding = trainer.train_step(step, stream)
             assert finding is None, finding
         if mode == "replay":
-            trainer.pinpointer.replay(previous, trainer.accumulation_steps, optimizer=True)
+            trainer.pinpointer.replay(trainer.session.previous, trainer.accumulation_steps, optimizer=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {"size": size, "mode": mode, "device": str(device), "params": n_params, "baseline_rss_mb": baseline,

@@ -13,6 +13,8 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
   watch           the default run's step (Trainer.train_step): snapshot, the watch's on-device checks of batch,
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
   watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
+  monitor         the plain step inside `debug_nan.Monitor.step()` (the Python API's entry point: the same step
+                  session as `watch`, its optimizer hook reading the parameters after the step)
   snapshot        plain + the snapshot the watch takes before every step (its share of `watch`, for reference)
   trace           the op-level tracer (what only the replayed micro-batch pays)
   detect_anomaly  torch.autograd.detect_anomaly() around a plain step
@@ -50,6 +52,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_models import PRESETS, build_lm_task  # noqa: E402
+import debug_nan  # noqa: E402
 from debug_nan.checks.stats import flat_tensors, move_to  # noqa: E402
 from debug_nan.checks.tracer import Tracer  # noqa: E402
 from debug_nan.report.log import Log  # noqa: E402
@@ -57,8 +60,8 @@ from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.train.aam_task import build_aam_task  # noqa: E402
 from debug_nan.train.loop import Trainer, resolve_device  # noqa: E402
 
-MODES = ("plain", "watch", "watch_only", "snapshot", "trace", "detect_anomaly", "naive_hooks")
-DEFAULT_MODES = ("plain", "watch", "watch_only", "snapshot", "detect_anomaly", "naive_hooks", "trace")
+MODES = ("plain", "watch", "watch_only", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
+DEFAULT_MODES = ("plain", "watch", "watch_only", "monitor", "snapshot", "detect_anomaly", "naive_hooks", "trace")
 
 
 def sync(device: torch.device) -> None:
@@ -71,6 +74,19 @@ def plain_step(t: Trainer, batch) -> None:
     loss, _ = t.compute_loss(move_to(batch, t.device))
     t.backward(loss)
     if t.s.max_grad_norm:  # as the run does: clipping only when asked for
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
+    t.optimizer.step()
+    t.step_schedule()
+
+
+def monitored_step(t: Trainer, monitor, batch) -> None:
+    """plain_step as a user's loop under debug_nan.Monitor: the micro-batch inside step(), the update after it."""
+    t.optimizer.zero_grad(set_to_none=True)
+    with monitor.step(batch) as watched:
+        loss, _ = t.compute_loss(move_to(batch, t.device))
+        watched.watch_loss(loss)
+        t.backward(loss)
+    if t.s.max_grad_norm:
         torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
     t.optimizer.step()
     t.step_schedule()
@@ -143,11 +159,14 @@ def main() -> None:
     trainer, batch, desc = build_trainer(args)
     device, watch, log = trainer.device, trainer.watch, trainer.log
     watch.close()  # hooks only while the watch mode runs: a registered hook slows every module call
+    monitor = debug_nan.Monitor(trainer.model, lambda model, b: trainer.compute_loss(move_to(b, device))[0],
+                                trainer.optimizer, max_grad_norm=trainer.s.max_grad_norm)
+    monitor.close()  # its module and optimizer hooks, too, only while the monitor mode runs
 
     def watch_step(i: int) -> None:
         log.stream.seek(0)
         log.stream.truncate()
-        finding, _ = trainer.train_step(i + 1, itertools.repeat(batch), None)
+        finding = trainer.train_step(i + 1, itertools.repeat(batch))
         assert finding is None, finding
 
     def watch_only_step(i: int) -> None:
@@ -162,6 +181,7 @@ def main() -> None:
         "plain": lambda i: plain_step(trainer, batch),
         "watch": watch_step,
         "watch_only": watch_only_step,
+        "monitor": lambda i: monitored_step(trainer, monitor, batch),
         "snapshot": lambda i: snapshot_step(trainer, batch),
         "trace": lambda i: traced_step(trainer, batch),
         "detect_anomaly": lambda i: anomaly_step(trainer, batch),
@@ -173,6 +193,8 @@ def main() -> None:
         for mode in modes:
             if mode.startswith("watch"):
                 watch.attach()
+            if mode == "monitor":
+                monitor.attach()
             naive = [m.register_forward_hook(naive_hook) for m in trainer.model.modules()] \
                 if mode == "naive_hooks" else []
             sync(device)
@@ -187,6 +209,8 @@ def main() -> None:
                 h.remove()
             if mode.startswith("watch"):
                 watch.close()  # the step's parameter check is read at the next watch step's sync, as in a run
+            if mode == "monitor":
+                monitor.close()
     ms = {m: 1000 * statistics.median(v) for m, v in times.items()}
     ratio = paired_ratios(times)
     cpu_ratio = paired_ratios(cpu_times)

@@ -8,8 +8,10 @@
 #        would install is a CPU build (a local CPU wheel, macOS, Windows: checked with `pip install --dry-run`);
 #        else PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu); when neither can give a CPU build,
 #        it stops and says how to install one (DEBUG_NAN_TORCH_INDEX=default forces the default index).
+#  * The test extras (pytest, transformers, lightning, ...) are installed at the versions in constraints.txt (the
+#    tested ones) in ./.venv and when CI=true; torch is never in it.
 # Overrides (tests, unusual machines): DEBUG_NAN_GPU=0|1 instead of nvidia-smi; DEBUG_NAN_PIP=CMD instead of
-# "python -m pip"; DEBUG_NAN_TORCH_INDEX=cpu|default to choose the index.
+# "python -m pip"; DEBUG_NAN_TORCH_INDEX=cpu|default to choose the index; DEBUG_NAN_CONSTRAINTS=0|1 to use constraints.txt never / always.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_PIN="torch==2.13.0"
@@ -82,5 +84,12 @@ if [[ "$PY" != python ]]; then
         fi
     fi
 fi
-pip_ install -q -e ".[test]"
+# The test extras at the tested versions (constraints.txt) in setup's own .venv and in CI; in your own active
+# environment only with DEBUG_NAN_CONSTRAINTS=1 (they would move your other packages). DEBUG_NAN_CONSTRAINTS=0: never.
+CONSTRAINTS=()
+if [[ "${DEBUG_NAN_CONSTRAINTS:-}" != 0 ]] && [[ "$PY" != python || "${CI:-}" == true || "${DEBUG_NAN_CONSTRAINTS:-}" == 1 ]]; then
+    CONSTRAINTS=(-c constraints.txt)
+    echo "setup: test extras pinned to the tested versions in constraints.txt"
+fi
+pip_ install -q -e ".[test]" "${CONSTRAINTS[@]}"
 echo "setup: done ($("$PY" -c 'import torch, debug_nan; print("debug-nan", debug_nan.__version__, "torch", torch.__version__)'))"

@@ -30,6 +30,9 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DEBUG_NAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    # log lines unwrapped, so that tests find messages that name long temporary paths on one line; the tests of
+    # the 100-column log (tests/report/test_log_width.py) set the width back
+    monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
 
 
 @pytest.fixture(scope="session")

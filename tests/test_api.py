@@ -92,3 +92,45 @@ def test_the_monitor_is_a_step_driver():
 
     task = scenarios.healthy_masks()
     assert isinstance(debug_nan.Monitor(task.model, task.loss), StepDriver)
+
+
+def test_monitor_knows_the_users_grad_scaler():
+    """Gradients ~1e34 are finite, but times the initial loss scale 65536 they pass float32's 3.4e38: the user's
+    GradScaler skips that step and lowers the scale. With scaler= the monitor probes the micro-batch without the
+    scale and takes it as the scaler's overflow (no finding), as the CLI does with --precision fp16."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-40)
+    scaler = torch.amp.GradScaler("cpu")
+    loss_fn = lambda m, b: (m(b) * 1e33).sum()  # noqa: E731
+    batch = torch.full((2, 4), 10.0)
+    before = model.weight.detach().clone()
+    with debug_nan.Monitor(model, loss_fn, optimizer, scaler=scaler) as monitor:
+        with monitor.step(batch):
+            scaler.scale(loss_fn(model, batch)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    record = monitor.session.history.steps[0]
+    assert record.scaler_skipped and scaler.get_scale() == 32768.0
+    assert torch.equal(model.weight, before)  # the user's scaler skipped the update: the monitor changed nothing
+    # the history shows gradients unscaled: the bias's is 2 samples x 1e33, not 65536x that
+    assert record.grad_norms["bias"] == pytest.approx(2e33, rel=1e-5)
+
+
+def test_monitor_accumulates_and_checks_the_explosion():
+    """accumulation_steps=2: two step() blocks make one optimizer step; the history has one record per step."""
+    task = scenarios.healthy_masks()
+    optimizer = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
+    with debug_nan.Monitor(task.model, task.loss, optimizer, accumulation_steps=2) as monitor:
+        for batch in task.batches[:4]:
+            with monitor.step(batch) as step:
+                loss = task.loss(task.model, batch)
+                step.watch_loss(loss)
+                (loss / 2).backward()
+            if monitor.session.micro == 2:
+                optimizer.step()
+                optimizer.zero_grad()
+    records = monitor.session.history.steps
+    assert [r.step for r in records] == [1, 2] and [r.micro_batches for r in records] == [2, 2]
+    assert all(r.grad_norm > 0 for r in records)

@@ -281,8 +281,8 @@ CASES = [
          "--data-dir no-such-folder does not exist"),
     Case("sequences-without-table", hashed(_fasta), ("--sequences", "{d}/seqs.fasta"), 2,
          "seqs.fasta was given but no BIOM table"),
-    Case("synthetic-too-large", nothing, ("--token-limit", "100000000"), 2,
-         "Synthetic data for --token-limit 100000000 would need about"),
+    Case("synthetic-too-large", nothing, ("--token-limit", "100000000"), 2,  # the model's memory is checked first
+         "--token-limit 100000000: the built-in model would hold at least"),
     # accepted with a NOTICE
     Case("fractional-counts-accepted", with_counts(lambda c: c / 7), (*DATA_DIR, *ONE_SMALL_STEP), 0,
          "NOTICE: BIOM table {d}/table.biom holds fractional counts"),

@@ -19,7 +19,8 @@ LAYERS = {  # module or package prefix -> layer; the longest matching prefix win
     "debug_nan.report": 5,
     "debug_nan.replay": 6, "debug_nan.runner": 6, "debug_nan.api": 6,
     "debug_nan.integrations": 7,  # the framework callbacks, on top of the API (nothing imports them)
-    "debug_nan.cli": 7, "debug_nan.__main__": 8,
+    "debug_nan.launch": 7,  # `debug-nan run`: on the framework step protocol (integrations/session.py)
+    "debug_nan.cli": 7, "debug_nan.cli_help": 7, "debug_nan.cli_options": 7, "debug_nan.__main__": 8,
 }
 
 # Imports inside a function: allowed only when listed here, each with its reason. (importer, imported)
@@ -28,6 +29,7 @@ LAZY = {
                                     "on first use",
     ("debug_nan.cli", "debug_nan.runner"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.replay"): "--help and usage errors answer without importing torch",
+    ("debug_nan.cli", "debug_nan.launch.job"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.report.summary"): "--help and usage errors answer without importing torch",
     ("debug_nan.cli", "debug_nan.train.distributed"): "--help and usage errors answer without importing torch",
 }
@@ -81,7 +83,7 @@ def imports() -> list[tuple[str, str, bool, int]]:
 def test_the_walk_sees_the_package():
     found = imports()
     assert len({i for i, _, _, _ in found}) > 30
-    assert ("debug_nan.train.loop", "debug_nan.checks.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
+    assert ("debug_nan.train.session", "debug_nan.checks.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
 
 
 def test_no_upward_import():

@@ -11,15 +11,11 @@ from torch import nn
 
 from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.checks.stats import flat_tensors, tensor_stats
-from debug_nan.checks.watch import PHASE_OF_KIND, Check
+from debug_nan.checks.vocabulary import PHASE_OF_KIND, Cause, Phase
+from debug_nan.checks.watch import Check
 
-CAUSES = (
-    "all_masked_softmax", "log_of_nonpositive", "div_by_zero", "invalid_domain", "grad_at_singularity", "overflow",
-    "inf_arithmetic", "infeasible_target", "masked_value_used", "nonfinite_input", "nonfinite_parameter",
-    "gradient_explosion", "unknown",
-)
-PHASES = ("data", "forward", "loss", "backward", "optimizer", "eval")  # eval: the validation pass (--eval-every)
-# the phase a watch check stands for, when no replay names a finer one
+CAUSES = tuple(c.value for c in Cause)  # declared in checks/vocabulary.py
+PHASES = tuple(p.value for p in Phase)
 
 
 @dataclass

@@ -30,6 +30,7 @@ class StepRecord:
     grad_norms: dict[str, float] = field(default_factory=dict)
     activations: dict[str, float] = field(default_factory=dict)  # module -> max |output| over the micro-batches
     lr: float | None = None
+    loss_scale: float | None = None  # the fp16 gradient scaler's scale in this step (None without one)
     seconds: float | None = None
     peak_memory_mb: float | None = None
     scaler_skipped: bool = False
@@ -116,8 +117,9 @@ class History:
         return (f"every step's loss, gradient norm, lr, time and memory; per-layer values (max_abs_activation, "
                 f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them")
 
-    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
+    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool, loss_scale: float | None = None) -> None:
         rec.micro_batches += 1
+        rec.loss_scale = loss_scale if loss_scale is not None else rec.loss_scale
         outputs = result.values("forward")
         if not rec.activations:
             rec.activations = outputs
@@ -191,6 +193,7 @@ class History:
     def to_dict(self) -> list[dict]:
         """One dict per step; `max_abs_activation` and `grad_norms` only for the steps that kept them."""
         return [{"step": r.step, "loss": r.loss, "parts": r.parts, "grad_norm": r.grad_norm, "lr": r.lr,
+                 **({"loss_scale": r.loss_scale} if r.loss_scale is not None else {}),
                  "seconds": r.seconds, "peak_memory_mb": r.peak_memory_mb, "scaler_skipped": r.scaler_skipped,
                  **({"max_abs_activation": r.activations, "grad_norms": r.grad_norms} if r.per_layer else {})}
                 for r in self.steps]

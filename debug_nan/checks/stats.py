@@ -20,7 +20,7 @@ class TensorStats:
     mean: float | None
     std: float | None
     absmax: float | None
-    headroom: float | None  # dtype max / largest finite |x| (how far from overflow); None for integer dtypes
+    headroom: float | None  # dtype max / largest finite |x| (how far from overflow); None: integer dtype or all 0
 
     @property
     def nonfinite(self) -> int:
@@ -64,7 +64,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if finite.numel() == 0:
         return TensorStats(shape, dtype, numel, nan, posinf, neginf, None, None, None, None, None, None)
     absmax = float(finite.abs().max())
-    headroom = float(torch.finfo(t.dtype).max) / absmax if absmax > 0 else float("inf")
+    headroom = float(torch.finfo(t.dtype).max) / absmax if absmax > 0 else None  # all zero: no `headroom infx`
     std = float(finite.double().std()) if finite.numel() > 1 else 0.0
     return TensorStats(shape, dtype, numel, nan, posinf, neginf, float(finite.min()), float(finite.max()),
                        float(finite.double().mean()), std, absmax, headroom)

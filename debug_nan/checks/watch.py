@@ -24,14 +24,12 @@ from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
 from debug_nan.checks.stats import flat_tensors, tensor_stats
+from debug_nan.checks.vocabulary import PHASE_OF_KIND
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
 
 __all__ = ["ABORT_CODE", "CODE_PHASE", "EXCEPTION_CODE", "HARM_KINDS", "PHASE_CODE", "PHASE_OF_KIND", "Check",
            "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
 
-# the one map from a check kind to the phase a finding reports
-PHASE_OF_KIND = {"param": "optimizer", "data": "data", "forward": "forward", "loss": "loss", "loss_part": "loss",
-                 "grad": "backward"}
 # DDP phase codes, all-reduced (MAX) every micro-batch: a higher code was seen earlier in a micro-batch (0 = nothing).
 # "exception": user code raised (between the loss and the gradients, as far as ordering goes); "abort": a rank must
 # stop for a reason that is not numerical (bad input, out of memory, Ctrl-C).
@@ -173,14 +171,18 @@ class Watch:
         for name, value in (parts or {}).items():
             self._scalars["loss_part"].append((name, value.detach().reshape(())))
 
-    def watch_grads(self) -> list[torch.Tensor] | None:
-        """The L2 norm of every gradient, one fused pass: recorded, and returned so that clipping reuses them."""
+    def watch_grads(self, inverse_scale: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+        """The L2 norm of every gradient, one fused pass: recorded, and returned so that clipping reuses them.
+        `inverse_scale` (0-d, on the device): gradients still multiplied by an fp16 loss scale are recorded
+        unscaled (a NaN/Inf stays one)."""
         named = [(n, p.grad) for n, p in self.named_params if p.grad is not None]
         if not named:
             return None
         grads = [g for _, g in named]
         with torch.no_grad():  # a gradient of a create_graph backward requires grad itself
             norms = l2_norms(grads)
+            if inverse_scale is not None:
+                norms = list(torch._foreach_mul(norms, inverse_scale.to(norms[0].device, torch.float32)))
         self._norms["grad"].append(([n for n, _ in named], norms, grads))
         return norms
 

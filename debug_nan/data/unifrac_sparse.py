@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from debug_nan.data.memory import available_bytes, size_text
+from debug_nan.errors import InputError
+
 # Cost of one (pair, node) term, in relative units measured on a 2-core CPU: a dense column in a BLAS product,
 # a dense column in a vectorised L1 distance, one sharing pair in a sparse product / enumeration.
 DENSE_COST = {"unweighted": 0.15, "weighted": 1.2}
@@ -55,6 +58,38 @@ class TreeArrays:
         return self.parent.size
 
 
+PATH_ENTRY_BYTES = 48  # building the ancestors CSR: rows + cols (int64) twice, then the COO -> CSR copies
+
+
+def path_lengths(parent: np.ndarray) -> np.ndarray:
+    """int64 [nodes]: how many nodes each node's path to the root holds (itself and the root included), by pointer
+    jumping: log2(depth) vectorised rounds, no Python loop over nodes and no path stored."""
+    hops = (parent >= 0).astype(np.int64)  # hops from each node to `up`
+    up = parent.copy()
+    while True:
+        has = np.flatnonzero(up >= 0)
+        if not has.size:
+            return hops + 1
+        further = up[has]
+        hops[has] += hops[further]  # fancy indexing reads the old values of every node at once
+        up[has] = up[further]
+
+
+def _check_path_memory(parent: np.ndarray, tips: np.ndarray) -> None:
+    """A very deep (caterpillar) tree makes the tip-to-root paths n^2 / 2 entries: say so before building them
+    past the memory there is (InputError), instead of being killed by the kernel."""
+    levels = path_lengths(parent)
+    entries = int(levels[tips].sum())
+    need, available = entries * PATH_ENTRY_BYTES, available_bytes()
+    if available is not None and need > available:
+        raise InputError(
+            f"The tree is {int(levels.max()):,} nodes deep: the tip-to-root paths of the table's {tips.size:,} ASVs "
+            f"that UniFrac needs hold {entries:,} entries (about {size_text(need)} to build), more than the "
+            f"{size_text(available)} of memory this machine can give. A tree this deep is a caterpillar (ladder); "
+            f"use a less deep tree for these ASVs (e.g. one built by FastTree or a tree builder), or a table with "
+            f"fewer ASVs.")
+
+
 def tree_arrays(tree, feature_ids: list[str]) -> TreeArrays:
     """TreeArrays for skbio.TreeNode `tree` with features in feature_ids order; KeyError naming absent tips."""
     nodes = list(tree.postorder(include_self=True))
@@ -67,8 +102,9 @@ def tree_arrays(tree, feature_ids: list[str]) -> TreeArrays:
     if missing:
         raise KeyError(f"the tree has no tip for {len(missing)} of {len(feature_ids)} features, e.g. "
                        f"{', '.join(map(repr, missing[:3]))}")
-    rows, cols = [], []
     node = np.array([tip_of[f] for f in feature_ids], dtype=np.int64)
+    _check_path_memory(parent, node)
+    rows, cols = [], []
     feature = np.arange(len(feature_ids))
     while feature.size:  # one tree level per iteration: every feature climbs one node
         rows.append(feature)

@@ -40,6 +40,7 @@ from debug_nan.train.task import split_loss
 
 class HFMonitor(FrameworkMonitor):
     framework = "Trainer"
+    dialect = "hf"
 
     def __init__(self, trainer, settings, log, bundle_dir):
         self.trainer = trainer
@@ -133,7 +134,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         _check_supported(t)
         self.outputs.result = None
         log = self.outputs.open(args.process_index)
-        precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+        precision, described = resolved_precision(t)
         settings = run_settings(
             self.outputs, task=self.task, device=args.device, optimizer=t.optimizer,
             accumulation=args.gradient_accumulation_steps, precision=precision, max_grad_norm=args.max_grad_norm,
@@ -143,7 +144,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         self._install()
         if args.process_index == 0:
             log(f"[debug-nan] watching {type(t.model).__name__} in transformers {transformers.__version__} Trainer "
-                f"({precision}, gradient_accumulation_steps {args.gradient_accumulation_steps}, world size "
+                f"({described}, gradient_accumulation_steps {args.gradient_accumulation_steps}, world size "
                 f"{args.world_size})")
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -166,6 +167,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
             self._conclude()
         if self.monitor.findings:  # the NaN gradient that made an fp16 scaler skip the last step is not kept
             self.monitor.model.zero_grad(set_to_none=True)
+        ddp.let_gloo_workers_finish()
 
     # -- the wrapped training_step -----------------------------------------------------------------------------
     def _install(self) -> None:
@@ -225,11 +227,26 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         m.close()
         self.outputs.conclude(m, m.s, {
             "framework": "transformers", "version": transformers.__version__,
-            "precision": "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
+            "precision": resolved_precision(self.trainer)[0],
             "gradient_accumulation_steps": args.gradient_accumulation_steps, "max_grad_norm": args.max_grad_norm,
             "world_size": args.world_size, "global_step": self.trainer.state.global_step,
             "on_trip": self.outputs.on_trip,
         }, write=args.process_index == 0 or alone, error=error, interrupted=interrupted, rank=args.process_index)
+
+
+def resolved_precision(trainer) -> tuple[str, str]:
+    """The precision the run really uses, as accelerate resolved it (not as TrainingArguments asked): fp16 on a
+    CPU, for one, runs in fp32 without autocast or a loss scaler -> (settings name, words for the header)."""
+    acc = trainer.accelerator
+    asked = "fp16" if trainer.args.fp16 else "bf16" if trainer.args.bf16 else None
+    mixed = str(getattr(acc, "mixed_precision", "no"))
+    if acc.scaler is not None:
+        return "fp16", "fp16 autocast with a loss scaler"
+    if mixed in ("fp16", "bf16") and getattr(acc, "native_amp", False):
+        return mixed, f"{mixed} autocast" + (" without a loss scaler" if mixed == "fp16" else "")
+    if asked is not None:
+        return "fp32", f"fp32: {asked} was asked, but accelerate runs fp32 on {acc.device} (no autocast, no scaler)"
+    return "fp32", "fp32"
 
 
 def _check_supported(trainer) -> None:

@@ -42,6 +42,7 @@ PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
 
 class LightningMonitor(FrameworkMonitor):
     framework = "Lightning"
+    dialect = "lightning"
 
     def __init__(self, trainer: pl.Trainer, module: pl.LightningModule, settings, log, bundle_dir):
         self.trainer, self.module = trainer, module

@@ -75,11 +75,12 @@ class Outputs:
         if not write or self.log is None:
             return result
         elapsed = time.perf_counter() - self.started
-        write_summary(self.log, result, elapsed)
+        write_summary(self.log, result, elapsed, exits=False)
         if self.report:
             path = self.report if rank == 0 else _rank_path(self.report, rank)
             data = report_dict(result, settings, monitor.device, elapsed)
             data["integration"] = integration
+            data["exit_code"] = None  # the process's exit code is the framework's (and the script's) to decide
             try:
                 write_report(path, data)
                 self.log(f"JSON report written to {path}")

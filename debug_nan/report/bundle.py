@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+import debug_nan
 from debug_nan.checks.finding import Finding
 from debug_nan.errors import InputError
 from debug_nan.report.outputs import OutputWriteError, atomic_write
@@ -79,7 +80,12 @@ def read_bundle(path: str | Path) -> dict:
         data = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - whatever torch.load raises, the file is not a readable bundle
         raise InputError(f"Bundle {path} is not a debug-nan repro bundle that can be read: {_load_failure(path, exc)}.") from None
-    if not isinstance(data, dict) or data.get("version") != BUNDLE_VERSION:
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > BUNDLE_VERSION:
+        raise InputError(f"Bundle {path} was written by a newer debug-nan (bundle version {version}; this debug-nan "
+                         f"{debug_nan.__version__} reads version {BUNDLE_VERSION}): replay it with the debug-nan "
+                         f"that wrote it, or upgrade.")
+    if version != BUNDLE_VERSION:
         raise InputError(f"Bundle {path} is not a debug-nan repro bundle of version {BUNDLE_VERSION}.")
     missing = [key for key in REQUIRED_KEYS if key not in data]
     if missing:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from debug_nan.errors import InputError
+from debug_nan.report import streams
+from debug_nan.report.line_width import fit, log_width
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 
@@ -29,7 +31,7 @@ class Log:
         self.copy = None
         self.copy_path = copy_path
         self.copy_failure: str | None = None  # why the --log copy stopped, for the report's notes
-        self.stdout_closed = False  # stdout's reader went away (`| head`)
+        self._stream_failed = False  # this Log's own stream failed (stdout's are recorded by report/streams.py)
         if copy_path:
             path = Path(copy_path)
             try:
@@ -38,21 +40,30 @@ class Log:
             except OSError as exc:
                 raise InputError(f"--log {path}: cannot write there ({exc.strerror or exc}).") from None
 
+    @property
+    def stdout_closed(self) -> bool:
+        """The log's stream stopped (`| head`, a hung-up terminal, a full disk): the rest is in --log only."""
+        return self._stream_failed or (self.stream is sys.stdout and streams.failure("stdout") is not None)
+
     def paint(self, text: str, colour: str) -> str:
         return f"\033[{COLOURS[colour]}m{text}\033[0m" if self.colour else text
 
     def __call__(self, line: str = "", colour: str | None = None) -> None:
+        if len(line) > (width := log_width()) > 0:  # within 100 columns: a longer line wraps under its text
+            for part in fit(line, width):
+                self(part, colour)
+            return
         try:
             self.stream.write((self.paint(line, colour) if colour else line) + "\n")
             self.stream.flush()
-        except BrokenPipeError:
+        except (OSError, ValueError):  # a stream of the caller's (the cli's own are guarded: report/streams.py)
             self._stream_closed()
         self._copy_line(line)
 
     def _stream_closed(self) -> None:
         """The reader of stdout went away: go on quietly, the rest to /dev/null (also what Python flushes at
         exit, which would otherwise print a BrokenPipeError)."""
-        self.stdout_closed = True
+        self._stream_failed = True
         devnull = open(os.devnull, "w")
         try:
             if self.stream is sys.stdout or self.stream is sys.__stdout__:
@@ -75,7 +86,7 @@ class Log:
                              f"the copy stops there, the run went on.")
         try:
             sys.stderr.write(f"debug-nan: warning: {self.copy_failure}\n")
-        except OSError:
+        except (OSError, ValueError):
             pass
         try:
             self.copy.close()

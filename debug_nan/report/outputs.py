@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, describe_os_error
 
 BUNDLE_PATTERN = "debug-nan-bundle-step*-micro*.pt"
 DATA_SUFFIXES = (".biom", ".nwk", ".tre", ".tree", ".newick")  # what --data-dir's loader reads
@@ -102,11 +102,16 @@ def check_writable(path: str | None, option: str) -> None:
     if not path:
         return
     p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{option} {p} is a directory; give a file path.")
     target = Path(_real(p))
-    if target.exists():
+    try:
         mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # a name over 255 bytes, a file where a folder should be
+        raise InputError(f"{option} {p}: cannot write there ({describe_os_error(exc)}).") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise InputError(f"{option} {p} is a directory; give a file path.")
+    if mode is not None:
         if not stat.S_ISREG(mode):
             raise InputError(f"{option} {p} is not a regular file (a device, FIFO or socket); give a file path.")
         if not mode & 0o222:
@@ -117,7 +122,7 @@ def check_writable(path: str | None, option: str) -> None:
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".debug-nan-probe-"):
             pass  # probe the folder
     except OSError as exc:
-        raise InputError(f"{option} {p}: cannot write there ({exc.strerror or exc}).") from None
+        raise InputError(f"{option} {p}: cannot write there ({describe_os_error(exc)}).") from None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable, option: str) -> None:
@@ -127,7 +132,8 @@ def atomic_write(path: str | os.PathLike, write: Callable, option: str) -> None:
     target = Path(_real(path))
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+        # the temporary name fits the 255-byte limit whatever the target's (legal) name: ".NAME[:200].XXXXXXXX.partial"
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:200]}.", suffix=".partial")
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()

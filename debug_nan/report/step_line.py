@@ -1,5 +1,6 @@
 """The per-step block of the log: the STEP rule, the task's data checks, the layer trace (--trace-every-step) and
-the watch's summary line of the step. A StepObserver (train/outcome.py) that the runner hands to the Trainer."""
+the watch's summary line of the step. A StepObserver (train/outcome.py) that the runner hands to the Trainer.
+--quiet: one line per step (`step 3/10 | loss ... | ok`) and the data checks' warnings only."""
 
 from __future__ import annotations
 
@@ -9,20 +10,25 @@ from debug_nan.checks.history import StepRecord
 
 
 class StepLines:
-    def __init__(self, log, max_steps: int, accumulation_steps: int, max_grad_norm: float | None):
+    def __init__(self, log, max_steps: int, accumulation_steps: int, max_grad_norm: float | None,
+                 quiet: bool = False):
         self.log, self.max_steps, self.accumulation_steps = log, max_steps, accumulation_steps
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm, self.quiet = max_grad_norm, quiet
 
     def _micro(self, micro: int) -> str:
         return f" {micro}" if self.accumulation_steps > 1 else ""
 
     def begin_step(self, step: int) -> None:
+        if self.quiet:
+            return
         self.log()
         self.log.rule(f"STEP {step}/{self.max_steps}" +
                       (f" (micro-batches 1..{self.accumulation_steps})" if self.accumulation_steps > 1 else ""))
 
     def batch_notes(self, micro: int, lines: list[str]) -> None:
         for line in lines:
+            if self.quiet and not line.startswith("WARNING"):
+                continue
             self.log(f"  [data{self._micro(micro)}] {line}", "yellow" if line.startswith("WARNING") else None)
 
     def layer_trace(self, micro: int, layer_stats: dict) -> None:
@@ -33,13 +39,21 @@ class StepLines:
             self.log(f"    {name}: {stats.line()}")
 
     def end_step(self, record: StepRecord) -> None:
+        if self.quiet:
+            self.log(quiet_line(record, self.max_steps, self.max_grad_norm))
+            return
         for line, colour in step_lines(record, self.max_grad_norm):
             self.log(line, colour)
 
 
-def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[str, str | None]]:
-    """(line, colour) for a finished step: loss (and its parts), gradient norm (and clipping), lr, time, memory;
-    the largest gradients and activations; the verdict."""
+def quiet_line(record: StepRecord, max_steps: int, max_grad_norm: float | None) -> str:
+    """--quiet's one line for a finished step: the watch line's values and the verdict."""
+    verdict = "fp16 overflow, step skipped" if record.scaler_skipped else "ok"
+    return f"  step {record.step}/{max_steps} | {' | '.join(watch_values(record, max_grad_norm))} | {verdict}"
+
+
+def watch_values(record: StepRecord, max_grad_norm: float | None) -> list[str]:
+    """Loss (and its parts), gradient norm (and clipping), lr, time, memory."""
     parts = ", ".join(f"{k} {v:.4g}" for k, v in record.parts.items())
     loss = f"loss {record.loss:.5g}" + (f" ({parts})" if parts else "") if record.loss is not None else "loss -"
     line = [loss]
@@ -51,7 +65,12 @@ def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[st
         line.append(f"{record.seconds:.2f} s")
     if record.peak_memory_mb is not None:
         line.append(f"peak CUDA memory {record.peak_memory_mb:,.0f} MiB")
-    out: list[tuple[str, str | None]] = [("  [watch] " + " | ".join(line), None)]
+    return line
+
+
+def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[str, str | None]]:
+    """(line, colour) for a finished step: the watch line; the largest gradients and activations; the verdict."""
+    out: list[tuple[str, str | None]] = [("  [watch] " + " | ".join(watch_values(record, max_grad_norm)), None)]
     if record.grad_norms:
         top = sorted(record.grad_norms.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else -math.inf)[:3]
         out.append(("  [grads] largest: " + ", ".join(f"{n} {v:.3g}" for n, v in top), None))

@@ -18,7 +18,7 @@ EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
 
 def _wrap(label: str, text: str, width: int = 100) -> list[str]:
-    lines = textwrap.wrap(text, width=width - 16) or [""]
+    lines = textwrap.wrap(text, width=width - 16, break_on_hyphens=False) or [""]  # keep --options whole
     return [f"  {label:<13}{lines[0]}"] + [f"  {'':<13}{line}" for line in lines[1:]]
 
 
@@ -31,7 +31,7 @@ def finding_lines(f: Finding) -> list[str]:
     if f.phase not in ("data", "loss"):
         lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
     elif f.phase == "loss":
-        lines += _wrap("module", "none (the task's loss code, outside the model)")
+        lines += _wrap("module", "none (the loss code, outside the model)")
     if f.op:
         lines += _wrap("operation", f"{f.op} -> first {f.kind.upper()}"
                        + (f" (in backward node {f.backward_node})" if f.backward_node else ""))
@@ -55,7 +55,7 @@ def finding_lines(f: Finding) -> list[str]:
         lines += _wrap("repro", f"debug-nan replay {f.bundle}")
     lines.append("  try:")
     for i, tip in enumerate(f.suggestions, 1):
-        wrapped = textwrap.wrap(tip, width=92)
+        wrapped = textwrap.wrap(tip, width=92, break_on_hyphens=False)
         lines.append(f"    {i}. {wrapped[0]}")
         lines += [f"       {w}" for w in wrapped[1:]]
     return lines
@@ -69,25 +69,28 @@ def exit_code(result) -> int:
     return 130 if result.interrupted else EXIT_CODES[result.status]
 
 
-def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C") -> None:
+def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", exits: bool = True) -> None:
+    """The SUMMARY block. `exits`: this process ends with the result's exit code (the CLI); a framework callback
+    passes False, since the process's code is then the framework's, and no code is printed."""
     log()
     log.rule("SUMMARY")
-    code = exit_code(result)
+    code = f", exit {exit_code(result)}" if exits else ""
+    paren = f" (exit {exit_code(result)})" if exits else ""
     if result.interrupted:
-        log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}, exit {code}); what ran until then:")
+        log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}{code}); what ran until then:")
     if result.status == "clean":
         log(f"  status       CLEAN: {result.steps_run} step(s) ran, the loss, every gradient and every "
             f"parameter stayed finite ({elapsed:.1f} s).", "green")
     elif result.status == "error":
-        log(f"  status       ERROR after {result.steps_run} step(s) (exit {code})", "red")
+        log(f"  status       ERROR after {result.steps_run} step(s){paren}", "red")
         for line in _wrap("error", result.error or ""):
             log(line)
     else:
         f = result.finding
         if f.cause == "gradient_explosion":
-            log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed (exit {code})", "red")
+            log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed{paren}", "red")
         else:
-            log(f"  status       NONFINITE: the first {f.kind.upper()} was born here (exit {code})", "red")
+            log(f"  status       NONFINITE: the first {f.kind.upper()} was born here{paren}", "red")
         for line in finding_lines(f):
             log(line)
         if len(result.findings) > 1:

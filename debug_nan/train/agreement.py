@@ -1,9 +1,10 @@
 """The DDP side of the trip decision: every rank decides the same, from the phase codes all-reduced in the
 watch's one sync per micro-batch.
 
-The earliest phase wins; the first rank that saw it pinpoints alone (no collectives during its replay, except
-the gradient averaging of an optimizer-phase replay, in which every rank takes part) and the finding is
-broadcast. A rank that has to stop for a non-numerical reason (bad input, out of memory, Ctrl-C) makes every rank
+The earliest phase wins. Every rank that saw it replays its own micro-batch (no collectives during the replay:
+where a framework averages the gradients inside the backward, every rank sees a NaN born on one), and the first
+whose replay named an op is the one reported; its finding is broadcast. An optimizer-phase trip is re-run by every
+rank (the gradient averaging of the replay needs them all) and traced by the first. A rank that has to stop for a non-numerical reason (bad input, out of memory, Ctrl-C) makes every rank
 stop with its message and exit code, so no rank is ever left waiting in a collective.
 """
 
@@ -76,24 +77,33 @@ class RankAgreement:
             first = [r for r, v in enumerate(verdict) if v > 0]
             src = first[0]
         self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
-                 f"rank {src} pinpoints, the others wait.", "red")
+                 f"{'they replay their own micro-batch' if len(first) > 1 else f'rank {src} pinpoints'}, "
+                 f"the others wait.", "red")
+        rank = self.ctx.rank
         outcome = None
         try:
             if top == PHASE_CODE["param"]:
-                # every rank re-runs its share of the step and the gradients are averaged as in the run; the
-                # pinpointing rank then traces the optimizer step alone
-                outcome = pinpoint(o, self.ctx.rank == src)
-            elif self.ctx.rank == src:
+                # identical parameters everywhere: every rank re-runs its share of the step and the gradients are
+                # averaged as in the run; the first rank then traces the optimizer step alone
+                outcome = pinpoint(o, rank == src)
+            elif rank in first:
+                # each rank that saw the earliest phase replays ITS OWN micro-batch (in parallel, no collectives):
+                # where the framework averages the gradients inside the backward, every rank sees the NaN
                 outcome = pinpoint(o, True)
         except TaskFailure as failure:
             outcome = failure
         except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
             if isinstance(exc, KeyboardInterrupt):
                 reason, code = RunAborted.describe(exc)
-                outcome = RunAborted(f"rank {src} was {reason} while pinpointing", code)
+                outcome = RunAborted(f"rank {rank} was {reason} while pinpointing", code)
             else:
-                outcome = RunAborted(f"rank {src} failed while pinpointing: {describe_exception(exc)}", 1)
-        outcome = broadcast(outcome if self.ctx.rank == src else None, src)
+                outcome = RunAborted(f"rank {rank} failed while pinpointing: {describe_exception(exc)}", 1)
+        if top != PHASE_CODE["param"] and len(first) > 1:
+            # the first rank whose replay named an op is the one reported (else the first that saw it)
+            named = isinstance(outcome, Finding) and outcome.detected_by != "watch"
+            flags = agree(torch.tensor(1.0 if named else 0.0, device=self.device), self.ctx).tolist()
+            src = next((r for r, f in enumerate(flags) if f > 0), src)
+        outcome = broadcast(outcome if rank == src else None, src)
         if isinstance(outcome, (TaskFailure, RunAborted)):
             raise outcome
         if outcome is not None:

@@ -57,6 +57,12 @@ def read_checkpoint(path: str, unsafe: bool = False):
         raise InputError(f"--checkpoint {path} is not a file (a folder? give the checkpoint file inside it).")
     with open(p, "rb") as f:
         head = f.read(2)
+    size = p.stat().st_size
+    if size == 0:
+        raise InputError(f"--checkpoint {path} is empty (0 bytes): the save or the copy did not finish.")
+    if head == b"PK" and not zipfile.is_zipfile(p):
+        raise InputError(f"--checkpoint {path} is truncated or damaged: it starts as a torch.save zip archive but "
+                         f"its {size:,} bytes end before the archive does (was the save or the copy cut off?).")
     # torch.save writes a zip archive (or, before torch 1.6 / with _use_new_zipfile_serialization=False, a
     # pickle, which starts with the PROTO opcode 0x80)
     if not zipfile.is_zipfile(p) and head[:1] != b"\x80":

@@ -1,11 +1,14 @@
 """The runner's training loop: one loop for every task, readable top to bottom.
+
 for each optimizer step:
-    snapshot the state (for a replay), then for each micro-batch:
-        capture the batch, forward + loss, backward (loss / accumulation), watch batch, loss and gradients
-        one host sync: did anything go non-finite? -> pinpoint it (replay under the tracer), stop
-    clip, optimizer step, schedule, watch the parameters (checked at the next sync)
-Elsewhere: the fp16 policy (precision.py), the DDP agreement (agreement.py), the task's recipe (recipe.py), the
-log lines (report/step_line.py). The Trainer is the pinpointer's StepDriver."""
+    session.begin_step, then for each micro-batch:
+        session.begin_micro(batch), forward + loss, backward (loss / accumulation)
+        session.end_micro: the one host sync; session.decide: trip? -> the finding (pinpointed), stop
+    clip, optimizer step (or the fp16 scaler's skip), schedule, session.stepped (parameters read at the next sync)
+
+The protocol of a step (watch, sync, trip decision, fp16 probe, explosion check, pinpoint, bundle) is the step
+session's (session.py), shared with the API's Monitor and the framework callbacks. Here: the task's own step, its
+data stream, the DDP reducer, --keep-going and the eval pass. The Trainer is the pinpointer's StepDriver."""
 
 from __future__ import annotations
 
@@ -19,11 +22,8 @@ import torch
 from tqdm import tqdm
 
 from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
-from debug_nan.checks.finding import Finding, explosion_finding
-from debug_nan.checks.history import History, StepRecord
-from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng
-from debug_nan.checks.stats import capture_batch, move_to
+from debug_nan.checks.finding import Finding
+from debug_nan.checks.stats import move_to
 from debug_nan.checks.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
@@ -36,8 +36,8 @@ from debug_nan.train.overlap import OverlappedAllReduce
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.train.precision import Precision
 from debug_nan.train.recipe import build_recipe, enter_training_mode
-from debug_nan.train.repro import repro_state
-from debug_nan.train.unreplayed import InterruptedPinpoint, interrupted_pinpoint, unreplayed_finding
+from debug_nan.train.session import SessionPolicies, StepSession
+from debug_nan.train.unreplayed import InterruptedPinpoint
 from debug_nan.train.task import Task, eager_module, micro_batches, split_loss
 
 
@@ -67,22 +67,33 @@ class Trainer:
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
             if dist_ctx is not None else None
-        # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite (stage())
-        self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, self.scheduler, settings.snapshot)
+        self.agreement = RankAgreement(dist_ctx, self.device, log) if dist_ctx is not None else None
+        self.session = StepSession(self, SessionPolicies(
+            scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
+            averaged_after_watch=dist_ctx is not None, explosion=(settings.explosion_threshold,
+                                                                  settings.explosion_growth),
+            dialect="cli", snapshot_mode=settings.snapshot, scheduler=self.scheduler), self.watch)
+        self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
+            self.session.history
         log(f"  snapshot {self.snapshot.describe()}")
-        self.pinpointer = Pinpointer(self)
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
         self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
         self.evaluation = EvalPass(self) if settings.eval_every else None
-        self.history = History()
-        self.save_repro = None  # set by the runner: writes a repro bundle from repro_state(), returns its path
-        self.wrapped, self.agreement = self.model, None  # what the training step calls: DDP under torchrun
+        self.wrapped = self.model  # what the training step calls: DDP under torchrun
         if dist_ctx is not None:  # the first collective, once every rank got this far (a rank that raised above
             agree_on_setup(dist_ctx, self.device, None)  # makes the runner call the same agreement: all raise)
             self.wrapped = wrap_ddp(self.model, self.device)
-            self.agreement = RankAgreement(dist_ctx, self.device, log)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
         self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
+
+    @property
+    def save_repro(self):
+        """Set by the runner: writes a repro bundle from repro_state(), returns its path (the session's sink)."""
+        return self.session.p.bundle_sink
+
+    @save_repro.setter
+    def save_repro(self, sink) -> None:
+        self.session.p.bundle_sink = sink
 
     # -- the pieces of a step, shared by the run and the replay (the StepDriver methods) -------------------------
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -137,34 +148,29 @@ class Trainer:
     def run(self) -> RunResult:
         result = RunResult(status="clean", steps_run=0, history=self.history, recipe=self.recipe.describe())
         stream = skip_batches(micro_batches(self.task, self.dist), self.s.skip_batches, self.log)
-        previous: StepInputs | None = None
         # progress on stderr only when it is a terminal: under `2>&1 | tee` the log stays clean
         bar = tqdm(total=self.s.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
                    disable=not sys.stderr.isatty())
         try:
             for step in range(self.first_step + 1, self.first_step + self.s.max_steps + 1):
-                finding, inputs = self.train_step(step, stream, previous)
+                finding = self.train_step(step, stream)
                 result.steps_run = step - self.first_step
                 bar.update(1)
                 if finding is None and self.evaluation is not None and self.evaluation.due(step):
                     # this update's parameter check first: an eval pass on weights it broke is not the origin
-                    finding = self.check_last_update(inputs)
-                    if finding is not None:
-                        previous = None  # the update to undo is this step's own: undo_update restores `inputs`
-                    elif (evaluated := self.evaluation.run(step)) is not None:
+                    finding = self.session.finish()
+                    if finding is None and (evaluated := self.evaluation.run(step)) is not None:
                         result.findings.append(evaluated)
                         if not self.s.keep_going:
                             break  # (under --keep-going training goes on: the pass changed nothing to undo)
                 if finding is None:
-                    previous = inputs
                     continue
                 result.findings.append(finding)
                 if not self.s.keep_going:
                     break
-                self.undo_update(finding, inputs, previous)
-                previous = None
+                self.undo_update(finding)
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
-                finding = self.check_last_update(previous)
+                finding = self.session.finish()
                 if finding is not None:
                     result.findings.append(finding)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (report/interrupts.py raises KeyboardInterrupt)
@@ -188,173 +194,90 @@ class Trainer:
             result.status = "error"
         return result
 
-    def check_last_update(self, last: StepInputs | None) -> Finding | None:
-        """The parameter check of the last optimizer step, read now (normally at the next step's first sync)."""
-        final = self.watch.sync(self.agree_codes)
-        return self.decide(MicroOutcome(last, self.accumulation_steps, final.first_harm(),
-                                        rank_codes=final.rank_codes, previous=last))
-
-    def train_step(self, step: int, stream, previous: StepInputs | None) -> tuple[Finding | None, StepInputs]:
-        """One optimizer step with every check: snapshot, micro-batches, explosion check, clip, step."""
+    def train_step(self, step: int, stream) -> Finding | None:
+        """One optimizer step with every check: the micro-batches, then clip and step (or the scaler's skip)."""
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        inputs = StepInputs(step=step, batches=[], rng=[], snapshot=self.snapshot)
-        inputs.snapshot.stage()  # the buffers as the forward finds them; save() after the first sync
-        record = self.history.begin(step)
-        record.lr = self.optimizer.param_groups[0]["lr"]
+        session = self.session
+        session.begin_step(step)
+        record = session.record
         self.observer.begin_step(step)
         self.optimizer.zero_grad(set_to_none=True)
         grad_norms = None
         for micro in range(1, self.accumulation_steps + 1):
-            outcome = self.micro_step(inputs, micro, stream, record, previous)
-            if micro == 1 and not outcome.blames_last_update:  # step - 1 is not replayed: its copy can go
-                inputs.snapshot.save()
-            finding = self.decide(outcome)
+            outcome = self.micro_step(micro, stream)
+            finding = session.decide(outcome)
             if finding is not None:
-                return finding, inputs
-            self.pinpointer.trace_buffer_writers(inputs, micro, outcome.new_buffers)  # turned non-finite, no harm yet
-            if record.scaler_skipped:
-                break
+                return finding
             grad_norms = outcome.grad_norms
-        record.finish()
-        if record.scaler_skipped:
+        if record.scaler_skipped:  # every micro-batch ran, as in a GradScaler loop; the update is skipped
             self.optimizer.zero_grad(set_to_none=True)
             self.log(self.precision.skip_step())
             self.step_schedule()
         else:
-            if self.agreement is not None:  # averaged already, during the backward: their global norms
-                grad_norms = self.agreement.gradient_norms(self.watch.named_params, record)
-            finding = self.check_explosion(record)
-            if finding is not None:
-                return finding, inputs
             self.clip_and_step(grad_norms)
-            self.watch.watch_params()
+            session.stepped()
         record.seconds = time.perf_counter() - started
         if self.device.type == "cuda":
             record.peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
         self.observer.end_step(record)
-        return None, inputs
+        return None
 
-    def micro_step(self, inputs: StepInputs, micro: int, stream, record: StepRecord,
-                   previous: StepInputs | None) -> MicroOutcome:
+    def micro_step(self, micro: int, stream) -> MicroOutcome:
         """Fetch, forward, loss, backward and the watch for one micro-batch, then its one host sync.
 
         Under DDP a reason to stop that is not numerical (bad input, out of memory, Ctrl-C) on one rank is
         carried through the same agreement as a trip, so that no rank is left waiting in a collective."""
-        outcome = MicroOutcome(inputs, micro, record=record, previous=previous)
+        session = self.session
         last = micro == self.accumulation_steps
+        error = abort = grad_norms = None
         # DDP's own reducer stays idle (no_sync): on the last micro-batch train/overlap.py averages the gradients
         reducer = self.reducer if last else None
         no_sync = self.wrapped.no_sync() if self.dist is not None else nullcontext()
         if reducer is not None:
             reducer.arm()  # before anything can raise: finish() below then issues this step's all-reduces
         try:
-            batch = self.next_batch(stream, inputs, micro)
+            batch = self.next_batch(stream, micro)
             with no_sync:
-                self.watch.watch_batch(batch)
                 loss, parts = self.compute_loss(batch)
-                self.watch.watch_loss(loss, parts)
+                session.watch_loss(loss, parts)
                 self.backward(loss)
             if last and reducer is None:
                 self.precision.unscale(self.optimizer)
             # this rank's own gradients (under DDP not yet averaged): the trip says which rank saw a NaN first
-            outcome.grad_norms = self.watch.watch_grads()
+            grad_norms = session.watch_grads()
         except (InputError, KeyboardInterrupt) as exc:
             if self.dist is None:
                 raise
-            outcome.abort = exc
+            abort = exc
         except Exception as exc:  # user code raising mid-step (e.g. a loss that raises on NaN) is a trip
             if is_out_of_memory(exc) and self.dist is None:
                 raise
-            outcome.abort, outcome.error = (exc, None) if is_out_of_memory(exc) else (None, exc)
+            abort, error = (exc, None) if is_out_of_memory(exc) else (None, exc)
         if reducer is not None:  # every rank, whatever happened above: the step's all-reduces, then the fp16 unscale
             if (warning := reducer.finish()) is not None:
                 self.log(warning, "yellow")
-            if outcome.error is None and outcome.abort is None:
+            if error is None and abort is None:
                 self.precision.unscale(self.optimizer)
-        result = self.watch.sync(self.agree_codes, raised=outcome.error is not None, abort=outcome.abort is not None)
-        if outcome.abort is None:
-            self.history.add_micro(record, result, last)
-        self.observer.layer_trace(micro, result.layer_stats)
-        outcome.check, outcome.rank_codes = result.first_harm(), result.rank_codes
-        outcome.new_buffers = result.new_nonfinite_buffers
+        outcome = session.end_micro(last, error, abort, grad_norms)
+        self.observer.layer_trace(micro, outcome.layer_stats)
         return outcome
 
-    def next_batch(self, stream, inputs: StepInputs, micro: int):
-        """The next micro-batch on the device. What the replay keeps is captured first, before any user code
-        (describe_batch, loss) can change it in place."""
+    def next_batch(self, stream, micro: int):
+        """The next micro-batch on the device. What the replay keeps is captured first (session.begin_micro),
+        before any user code (describe_batch, loss) can change it in place."""
         raw = next(stream)
-        inputs.batches.append(capture_batch(raw, self.device))
-        inputs.rng.append(capture_rng(self.device))
         batch = move_to(raw, self.device)
+        self.session.begin_micro(raw, batch)
         if self.task.describe_batch is not None:
             self.observer.batch_notes(micro, self.task.describe_batch(raw))
         return batch
 
-    # -- trips ----------------------------------------------------------------------------------------------------
-    def decide(self, o: MicroOutcome) -> Finding | None:
-        """Trip or not, from one micro-batch's checks (under DDP: the same decision on every rank)."""
-        if self.agreement is not None:
-            genuine = self.gradient_trip_is_genuine if self.scaler is not None else None
-            return self.agreement.decide(o, self.pinpoint, genuine, self.skip_overflow)
-        if o.check is None and o.error is None:
-            return None
-        if o.only_gradients and o.record is not None and self.gradients_finite_without_scale(o):
-            self.skip_overflow(o)
-            return None
-        return self.pinpoint(o)
-
-    def gradients_finite_without_scale(self, o: MicroOutcome) -> bool:
-        """fp16: the gradients are finite when the same micro-batches run without the loss scale. With
-        --snapshot off nothing can be re-run: the trip counts as the scaler's overflow, as GradScaler takes it."""
-        if not o.inputs.snapshot.kept:
-            return True
-        return self.precision.may_overflow() and self.pinpointer.finite_without_scaling(o.inputs, o.micro)
-
-    def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
-        return not self.gradients_finite_without_scale(o)
-
-    def skip_overflow(self, o: MicroOutcome) -> None:
-        o.record.scaler_skipped = True
-
-    def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
-        """The finding behind a trip; a parameter trip is the previous step's optimizer update. The finding's
-        repro bundle is written here, by the rank that pinpointed."""
-        kind = o.check.kind if o.check is not None else None
-        if (not self.snapshot.kept and kind != "data") or (kind == "param" and not self.snapshot.keeps_optimizer):
-            return unreplayed_finding(o, self.accumulation_steps, self.model, self.log, self.snapshot.kept)
-        if o.check is not None and o.check.kind == "param":
-            if o.previous is None:
-                return None
-            inputs, micro, optimizer = o.previous, self.accumulation_steps, True
-            finding = self.pinpointer.pinpoint(inputs, micro, o.check, None, optimizer=True, trace=trace)
-        else:
-            inputs, micro, optimizer = o.inputs, o.micro, False
-            try:
-                finding = self.pinpointer.pinpoint(inputs, micro, o.check, o.error)
-            except KeyboardInterrupt as exc:
-                if o.check is None:
-                    raise
-                raise interrupted_pinpoint(exc, inputs, micro, o.check, self.model) from None
-        if finding is not None and self.save_repro is not None:
-            try:
-                finding.bundle = self.save_repro(repro_state(self, inputs, micro, finding, o.check, optimizer))
-                self.log(f"  [bundle] repro bundle written: {finding.bundle} (debug-nan replay {finding.bundle})")
-            except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
-                self.log(f"  [bundle] could not write the repro bundle: {type(exc).__name__}: {exc}", "yellow")
-        return finding
-
-    def check_explosion(self, record: StepRecord) -> Finding | None:
-        if (hit := self.history.explosion(self.s.explosion_threshold, self.s.explosion_growth)) is None:
-            return None
-        self.log(f"  [watch] TRIP at step {record.step}: gradient norm {record.grad_norm:.4g} (explosion)", "red")
-        return explosion_finding(record, hit[1], self.history.steps, self.accumulation_steps,
-                                 self.s.explosion_threshold, self.model)
-
-    def undo_update(self, finding: Finding, inputs: StepInputs, previous: StepInputs | None) -> None:
-        """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's)."""
+    def undo_update(self, finding: Finding) -> None:
+        """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's: the
+        snapshot still holds the state before it, since it was not saved again)."""
         self.log("--keep-going: skipping this step's update and going on.", "yellow")
-        bad_update = finding.phase == "optimizer" and previous is not None
-        (previous if bad_update else inputs).snapshot.restore()
+        self.snapshot.restore()
         self.optimizer.zero_grad(set_to_none=True)
+        self.session.previous = None

@@ -28,6 +28,8 @@ class MicroOutcome:
     previous: StepInputs | None = None  # the step before: a parameter trip is its optimizer update
     grad_norms: list[torch.Tensor] | None = None  # the watch's per-gradient L2 norms, reused for clipping
     new_buffers: list[Check] = field(default_factory=list)  # buffers that turned non-finite (not harm by itself)
+    last: bool = False  # the step's last micro-batch
+    layer_stats: dict = field(default_factory=dict)  # --trace-every-step: per-module statistics
 
     @property
     def blames_last_update(self) -> bool:

@@ -224,6 +224,12 @@ def _check(obj, spec: str) -> Task:
         count = sum(1 for _ in model.parameters())
         problems.append(f"`model` has no trainable parameter ({count} parameter(s), none with requires_grad=True): "
                         f"there is nothing to train and no gradient to check")
+    if isinstance(model, torch.nn.Module):
+        meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if meta:  # no data to train, copy or check: torch.device("meta") builds shapes only
+            problems.append(f"`model` is on the meta device ({len(meta)} parameter(s)/buffer(s) without data, e.g. "
+                            f"{meta[0]}): materialise it first (model.to_empty(device=...) and initialise it, or "
+                            f"load a state dict with assign=True)")
     eval_batches = get("eval_batches")
     if eval_batches is not None and (not isinstance(eval_batches, Iterable) or isinstance(eval_batches, (str, bytes))):
         problems.append(f"`eval_batches` must be an iterable of batches when given (got {type(eval_batches).__name__})")

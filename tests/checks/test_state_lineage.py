@@ -125,5 +125,5 @@ def test_a_training_step_of_a_batchnorm_model_keeps_one_sync_per_micro_batch():
     stream = itertools.cycle(task.batches)
     for step in range(1, 4):
         with HostSyncs() as syncs:
-            finding, _ = trainer.train_step(step, stream, None)
+            finding = trainer.train_step(step, stream)
         assert finding is None and syncs.count == 2, syncs.what

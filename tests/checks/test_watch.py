@@ -235,6 +235,9 @@ def _two_rank_sync(rank: int, init_file: str, results) -> None:
         results[rank] = out
     finally:
         dist.destroy_process_group()
+    import os
+
+    os._exit(0)  # no interpreter teardown: see tests/train/test_overlap.py (a gloo thread's abort at exit)
 
 
 def test_two_ranks_settle_an_overflowed_norm_together(tmp_path):

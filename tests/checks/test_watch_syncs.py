@@ -125,6 +125,6 @@ def test_training_step_makes_one_sync_per_micro_batch(accumulation):
     stream = itertools.cycle(task.batches)
     for step in range(1, 4):
         with HostSyncs() as syncs:
-            finding, _ = trainer.train_step(step, stream, None)
+            finding = trainer.train_step(step, stream)
         assert finding is None and syncs.count == accumulation, syncs.what
     assert trainer.history.steps[-1].grad_norm > 0 and len(trainer.history.steps[-1].activations) == 6

@@ -73,12 +73,22 @@ def test_planted_bug_same_finding_as_the_cli(tmp_path, run_cli, accumulate, wher
     assert cli.code == 1, cli.output
     assert {k: cli.first[k] for k in FIELDS} == {k: getattr(f, k) for k in FIELDS}
     assert "status       NONFINITE" in out and "cause        div_by_zero" in out
+    assert "exit 1" not in out and "(exit" not in out  # the script's process exits with the Trainer's code, not ours
+    assert "--max-grad-norm" not in out  # advice in the Trainer's words: TrainingArguments(max_grad_norm=...)
     report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit_code"] is None
     assert report["status"] == "nonfinite" and report["first_nonfinite"]["source"].endswith(
         "tests/integrations/tasks.py:" + cli.first["source"].rsplit(":", 1)[1])
     assert trainer.state.global_step == where[0]  # stopped at the trip (its update skipped: no gradients)
     bundle = tmp_path / f"debug-nan-bundle-step{where[0]}-micro{where[1]}.pt"
     assert report["first_nonfinite"]["bundle"] == str(bundle) and bundle.is_file()
+
+
+def test_header_says_the_precision_accelerate_resolved(tmp_path, capsys):
+    """fp16=True on a CPU: accelerate runs fp32 with no autocast and no scaler, and the header says so."""
+    train(tmp_path, tasks.mlm_samples(), lambda t: DebugNaNCallback(t), steps=1, fp16=True)
+    header = next(line for line in capsys.readouterr().out.splitlines() if "[debug-nan] watching" in line)
+    assert "fp32: fp16 was asked, but accelerate runs fp32 on cpu (no autocast, no scaler)" in header
 
 
 def test_model_is_left_at_its_last_finite_state(tmp_path):

@@ -1,0 +1,223 @@
+"""Torch's own global hooks, attached from outside an unmodified training script (`debug-nan run`).
+
+What they see, and how a run is cut into steps and micro-batches:
+  * every optimizer the script creates (Optimizer.__init__, wrapped): when one is created, the modules that own
+    ALL its parameters (found once, by a walk of the garbage collector's objects) get a forward pre-hook with
+    the call's keyword arguments;
+  * a micro-batch opens at the first forward of such a module (with gradients enabled) since the last backward:
+    that module is the root, its call's arguments are the micro-batch's model inputs;
+  * a micro-batch closes when a backward is called on a loss (torch.autograd.backward, which Tensor.backward
+    calls): a micro-batch is a backward call;
+  * a step closes when the optimizer steps (torch's global optimizer step post-hook), or when a GradScaler skips
+    it (its update() with no step since the last one).
+The listener (the watch in the user's run, the tracer in its re-execution) gets those events with the step
+(1-based: optimizer steps taken + 1) and the micro-batch within it (1-based). Nothing here touches a tensor's
+values: the hot path is one Python check per module call and per backward.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from debug_nan.errors import InputError
+
+
+class RunStopped(BaseException):
+    """Ends the user's script from inside a hook: a BaseException, so `try/except Exception` in the script does
+    not swallow it. `reason`: "trip", "max-steps", "traced" (the re-execution is done), "error"."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Listener(Protocol):
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+    def micro_begin(self, batch, step: int, micro: int) -> None: ...
+    def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None: ...
+    def backward_end(self, step: int, micro: int) -> None: ...
+    def step_begin(self, step: int) -> None: ...
+    def step_end(self, step: int, skipped: bool) -> None: ...
+
+
+def bare(module: nn.Module) -> nn.Module:
+    """The user's module inside a DDP / DataParallel wrapper."""
+    while isinstance(module, (DistributedDataParallel, nn.DataParallel)):
+        module = module.module
+    return module
+
+
+def batch_of(args: tuple, kwargs: dict):
+    """A forward call's arguments as one batch: the single argument, the keyword arguments (HF models), a list
+    of the positional ones, or {"args": [...], **kwargs} when both are given."""
+    if kwargs and not args:
+        return dict(kwargs)
+    if not kwargs:
+        return args[0] if len(args) == 1 else list(args)
+    return {"args": list(args), **kwargs}
+
+
+def owners(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
+    """Every module that owns all the optimizer's parameters (a model, its DDP wrapper, a LightningModule)."""
+    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if not wanted:
+        return []
+    found = []
+    for obj in gc.get_objects():  # type(), not isinstance(): some lazy objects warn when __class__ is read
+        if issubclass(type(obj), nn.Module) and not issubclass(type(obj), torch.jit.ScriptModule):
+            ids = {id(p) for p in obj.parameters()}
+            if wanted <= ids:
+                found.append(obj)
+    return found
+
+
+class Hooks:
+    """Install the global hooks (install/uninstall), count steps and micro-batches, tell the listener."""
+
+    def __init__(self, listener: Listener):
+        self.listener = listener
+        self.optimizer: torch.optim.Optimizer | None = None  # the one that owns the root's parameters
+        self.other_optimizers: list = []  # weak references to optimizers created beside it
+        self.root: nn.Module | None = None
+        self.step, self.micro = 1, 0
+        self.open = False  # a micro-batch's forward has begun and its backward not yet ended
+        self.stepped_since_update = False
+        self.early_step = None  # an optimizer whose step began before any root forward
+        self.in_backward = False
+        self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
+        self.scaler = None
+        self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
+        self._handles: list = []
+        self._patched: list[tuple[object, str, object]] = []
+
+    # -- install / uninstall -----------------------------------------------------------------------------------
+    def _patch(self, owner, name: str, wrapper) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, wrapper)
+
+    def install(self) -> None:
+        hooks = self
+        init, backward = torch.optim.Optimizer.__init__, torch.autograd.backward
+        scale, update = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
+
+        def optimizer_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            hooks.created(optimizer)
+
+        def autograd_backward(tensors, *args, **kwargs):
+            return hooks.backward(backward, tensors, *args, **kwargs)
+
+        def scaler_scale(scaler, outputs):
+            out = scale(scaler, outputs)
+            if isinstance(out, torch.Tensor) and scaler.is_enabled():
+                hooks.scaled, hooks.scaler = weakref.ref(out), scaler
+            return out
+
+        def scaler_update(scaler, *args, **kwargs):
+            update(scaler, *args, **kwargs)
+            hooks.updated()
+
+        self._patch(torch.optim.Optimizer, "__init__", optimizer_init)
+        self._patch(torch.autograd, "backward", autograd_backward)
+        self._patch(torch.amp.GradScaler, "scale", scaler_scale)
+        self._patch(torch.amp.GradScaler, "update", scaler_update)
+        self._handles += [register_optimizer_step_pre_hook(self.step_pre),
+                          register_optimizer_step_post_hook(self.step_post)]
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+
+    # -- optimizers and the root -------------------------------------------------------------------------------
+    def created(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.root is not None:
+            self.other_optimizers.append(weakref.ref(optimizer))
+            return
+        for module in owners(optimizer):
+            self._handles.append(module.register_forward_pre_hook(self.forward_pre, with_kwargs=True))
+        self.other_optimizers.append(weakref.ref(optimizer))
+
+    def forward_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.open or self.in_backward or not torch.is_grad_enabled():
+            return
+        if self.root is None:
+            model = bare(module)
+            ids = {id(p) for p in model.parameters()}
+            live = [r() for r in self.other_optimizers]
+            mine = [o for o in live if o is not None
+                    and {id(p) for g in o.param_groups for p in g["params"]} <= ids]
+            if not mine:  # its optimizer is gone already: not the training model
+                return
+            self.root, self.optimizer = module, mine[-1]
+            self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
+            self.listener.attach(model, self.optimizer)
+            if self.early_step is self.optimizer:  # its step began before the first forward (a closure)
+                self.listener.step_begin(self.step)
+        elif module is not self.root:
+            return
+        self.open = True
+        self.micro += 1
+        self.listener.micro_begin(batch_of(args, kwargs), self.step, self.micro)
+
+    # -- backward ----------------------------------------------------------------------------------------------
+    def backward(self, original, tensors, *args, **kwargs):
+        if not self.open or self.in_backward:
+            return original(tensors, *args, **kwargs)
+        loss = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
+        scaled = self.scaled() if self.scaled is not None else None
+        if scaled is not None and scaled is loss:
+            loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
+        self.in_backward = True
+        try:
+            self.listener.backward_begin(loss.detach(), self.step, self.micro)
+            result = original(tensors, *args, **kwargs)
+        finally:
+            self.in_backward = False
+        self.open = False
+        self.listener.backward_end(self.step, self.micro)
+        return result
+
+    # -- steps -------------------------------------------------------------------------------------------------
+    def _mine(self, optimizer) -> bool:
+        if self.optimizer is None or optimizer is self.optimizer:
+            return self.optimizer is not None
+        if any(r() is optimizer for r in self.other_optimizers):
+            self.failure = InputError(f"the script steps two optimizers ({type(self.optimizer).__name__} and "
+                             f"{type(optimizer).__name__}, e.g. a GAN's generator and discriminator): debug-nan run "
+                             f"watches one optimizer and the model that owns its parameters. Use the Python API "
+                             f"(debug_nan.Monitor) around one of them instead.")
+            raise RunStopped("error")
+        return False
+
+    def step_pre(self, optimizer, args, kwargs) -> None:
+        if self.optimizer is None:
+            self.early_step = optimizer  # a closure may run the first forward inside this step
+        elif self._mine(optimizer):
+            self.listener.step_begin(self.step)
+
+    def step_post(self, optimizer, args, kwargs) -> None:
+        if self._mine(optimizer):
+            self.stepped_since_update = True
+            self._close_step(skipped=False)
+
+    def updated(self) -> None:
+        """GradScaler.update(): a step it skipped (inf gradients) had no optimizer step; it closes here."""
+        if not self.stepped_since_update and self.micro:
+            self._close_step(skipped=True)
+        self.stepped_since_update = False
+
+    def _close_step(self, skipped: bool) -> None:
+        step = self.step
+        self.step, self.micro = step + 1, 0
+        self.listener.step_end(step, skipped)

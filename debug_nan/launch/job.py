@@ -1,0 +1,208 @@
+"""`debug-nan run -- COMMAND`: the user's own training command, unmodified, watched from outside.
+
+The command runs in this process (launch/command.py) with torch's global hooks (launch/hooks.py) driving the
+framework step protocol (launch/watcher.py). debug-nan's own lines go to stderr (and --log), so the script's
+stdout is byte for byte what it prints without debug-nan. On a trip the script is stopped and the command is
+re-executed under the op-level tracer (launch/reexec.py); the summary and the JSON report follow, exit 1. A clean
+run exits with the script's own code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
+from debug_nan.checks.vocabulary import adapt_advice
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.integrations.outputs import Outputs, run_settings
+from debug_nan.launch import command as commands
+from debug_nan.launch.hooks import Hooks, RunStopped
+from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_rng
+from debug_nan.launch.watcher import RunMonitor
+from debug_nan.report import interrupts
+from debug_nan.report.log import Log, error_line
+from debug_nan.report.summary import exit_code, write_report
+
+MECHANISM = "re-execution of the command (same random state, losses compared bit for bit)"
+
+
+@dataclass
+class RunOptions:
+    report: str | None = None
+    log: str | None = None
+    max_steps: int | None = None
+    explosion_threshold: float = 1e4
+    explosion_growth: float = 1e3
+    deterministic: bool = False  # torch.use_deterministic_algorithms in the run and its re-execution
+
+
+class Watching:
+    """The hooks' listener in the user's run: builds the RunMonitor when the root module is known."""
+
+    def __init__(self, options: RunOptions, outputs: Outputs, log: Log, hooks: Hooks):
+        self.options, self.outputs, self.log, self.hooks = options, outputs, log, hooks
+        self.monitor: RunMonitor | None = None
+
+    def attach(self, model, optimizer) -> None:
+        settings = run_settings(self.outputs, task=None, device=next(model.parameters()).device,
+                                optimizer=optimizer, accumulation=1, precision="fp32", max_grad_norm=None,
+                                max_steps=self.options.max_steps or 1, seed=0,
+                                explosion_threshold=self.options.explosion_threshold,
+                                explosion_growth=self.options.explosion_growth)
+        self.monitor = RunMonitor(model, optimizer, settings, self.log)
+        count = sum(p.numel() for p in model.parameters())
+        self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
+                 f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
+
+    def micro_begin(self, batch, step: int, micro: int) -> None:
+        if self.options.max_steps and step > self.options.max_steps:
+            raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
+        self.monitor.micro_begin(batch, step)
+
+    def backward_begin(self, loss, step: int, micro: int) -> None:
+        self.monitor.adopt_scaler(self.hooks.scaler)
+        self.monitor.backward_begin(loss)
+
+    def backward_end(self, step: int, micro: int) -> None:
+        self.monitor.backward_end()
+
+    def step_begin(self, step: int) -> None:
+        pass
+
+    def step_end(self, step: int, skipped: bool) -> None:
+        self.monitor.step_end(skipped)
+
+
+def _script_traceback(exc: BaseException) -> None:
+    """The traceback as Python would print it for the script: from its own first frame on."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(
+            (os.path.dirname(commands.__file__), os.path.dirname(os.__file__))):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def run_command(words: list[str], options: RunOptions) -> int:
+    """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError("debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet: a trip on one rank "
+                         "would leave the others waiting in their gradient all-reduce. Run the command on one "
+                         "process, or use the Lightning / HF callbacks, which support DDP.")
+    command = commands.resolve(words)
+    outputs = Outputs(options.report, None, False, options.log, "stop")
+    log = outputs.log = Log(options.log, stream=sys.stderr)
+    outputs.open()
+    log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
+        f"output as it is)")
+    hooks = Hooks(None)
+    watching = Watching(options, outputs, log, hooks)
+    hooks.listener = watching
+    rng, cwd = start_rng(), os.getcwd()
+    code, error, interrupted = 0, None, None
+    hooks.install()
+    was_deterministic = deterministic_algorithms(options.deterministic)
+    try:
+        code = commands.run(command)
+    except RunStopped as stop:
+        if stop.reason == "max-steps":
+            log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
+                f"steps.")
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
+        error = exc
+    finally:
+        hooks.uninstall()
+        torch.use_deterministic_algorithms(was_deterministic)
+    if hooks.failure is not None:
+        raise hooks.failure
+    m = watching.monitor
+    if m is None and interrupted is not None:
+        log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
+        return interrupts.interrupt_code(interrupted)
+    if m is None:
+        if error is not None:
+            _script_traceback(error)
+            raise InputError(f"the command raised {describe_exception(error)} before any training step (no "
+                             f"forward of a model whose parameters an optimizer owns, then backward, had run).")
+        raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
+                         f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
+                         f"step; this command created no optimizer, or never called that model's forward with "
+                         f"gradients enabled.")
+    if error is not None and not m.stopped and hooks.open:
+        m.end(last=False, error=error)
+    elif not m.stopped and interrupted is None and error is None:
+        m.finish()
+    if m.pending is not None:
+        _pinpoint(m, words, cwd, rng, log, options.deterministic)
+    if error is not None and not m.findings:
+        _script_traceback(error)
+        log(error_line(f"the command raised {describe_exception(error)}; the watch saw no NaN/Inf before it, so "
+                       f"this is an error in the script, not a numerical one."), "red")
+    m.close()
+    if error is not None and m.error is None and not m.findings:
+        m.error = describe_exception(error)
+    settings = m.s
+    settings.max_steps = max(1, m.steps_run)
+    result = outputs.conclude(m, settings, {"framework": "debug-nan run", "command": words, "kind": command.kind,
+                                            "pinpoint": MECHANISM, "exit_code_of_command": code},
+                              interrupted=interrupted is not None)
+    final = (interrupts.interrupt_code(interrupted) if interrupted is not None
+             else code if result.status == "clean" else exit_code(result))
+    _report_exit_code(options.report, final)
+    return final
+
+
+def _report_exit_code(path: str | None, code: int) -> None:
+    """The report's exit_code, which the framework outputs leave open: here it is known (the script's own for a
+    clean run)."""
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        data = json.load(f)
+    data["exit_code"] = code
+    write_report(path, data)
+
+
+def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, deterministic: bool) -> None:
+    trip = m.pending
+    check = trip.check
+    where = f"step {trip.step}, micro-batch {trip.micro}"
+    seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
+            else f"the command raised {describe_exception(trip.error)}")
+    log(f"  [watch] TRIP at {where}: {seen}", "red")
+    if check is not None and check.kind == "data":
+        m.findings.append(data_finding(trip.step, trip.micro, trip.batch, check))
+        return
+    phase = "its optimizer step" if trip.optimizer else "forward, loss, backward"
+    log(f"  [pinpoint] mechanism: {MECHANISM}. Re-running the command with the op-level tracer on at {where} "
+        f"({phase})...")
+    answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic)
+    finding: Finding | None = None
+    if "finding" in answer:
+        finding = Finding(**answer["finding"])
+        log(f"  [pinpoint] {answer['ops']} ops traced, {answer['origins']} non-finite origin(s); the earliest in "
+            f"the lineage of the harmed value is the finding.")
+    elif "error" in answer:
+        m.error = answer["error"]
+        log(f"  [pinpoint] {answer['error']}", "yellow")
+    else:
+        why = answer.get("diverged") or answer.get("missing")
+        if "diverged" in answer:
+            why = (f"the command is not deterministic: {why}. So the re-execution is not the run, and its origin "
+                   f"would not be this run's: only the watch's finding is reported. Seed everything (torch, "
+                   f"numpy, random, the data order) and set PYTHONHASHSEED to have the op named; on a GPU, add "
+                   f"--deterministic (torch.use_deterministic_algorithms in both runs).")
+        log(f"  [pinpoint] {why}", "yellow")
+        if check is not None:
+            finding = watch_only_finding(trip.step, trip.micro, trip.batch, check, m.model, why=why)
+        else:
+            m.error = describe_exception(trip.error)
+    if finding is not None:
+        m.findings.append(adapt_advice(finding, m.dialect))  # the advice in a script author's words, not flags

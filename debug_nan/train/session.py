@@ -1,0 +1,298 @@
+"""One step session: the protocol of a micro-batch and an optimizer step, the same under every entry point.
+
+    inputs = session.begin_step(step)          stage the snapshot, open the step's history record
+    session.begin_micro(raw_batch)             capture the batch (before user code) and its RNG state, watch it
+        ... the driver runs forward + loss (session.watch_loss) + backward (session.watch_grads, optional) ...
+    outcome = session.end_micro(last, error)   the gradients' norms, the ONE host sync, the history
+    finding = session.decide(outcome)          trip or not: fp16 overflow probe, DDP agreement, pinpoint + bundle,
+                                               and after a clean last micro-batch the explosion check
+    session.stepped()                          after the optimizer step: its parameters are read at the next sync
+    finding = session.finish()                 after training: the last update's check
+
+The CLI's Trainer, the API's Monitor and the Lightning / HF callbacks are thin drivers of this class: they run
+their framework's step and call these verbs at its hook points. Each driver is also the pinpointer's StepDriver
+(replay_loss, backward, optimizer_step: ITS step, replayed). What differs between entry points is passed in as
+policies (`SessionPolicies`): the fp16 loss scaler and who skips a step it overflowed, the DDP agreement, the bundle
+sink, the explosion thresholds and the advice's dialect. A new check is added here (and in checks/watch.py), once.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from debug_nan.checks.driver import StepInputs, TaskFailure
+from debug_nan.checks.finding import Finding, explosion_finding
+from debug_nan.checks.history import History, StepRecord
+from debug_nan.checks.pinpoint import Pinpointer
+from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng
+from debug_nan.checks.stats import capture_batch
+from debug_nan.checks.vocabulary import adapt_advice
+from debug_nan.checks.watch import Watch
+from debug_nan.train.agreement import RankAgreement
+from debug_nan.train.outcome import MicroOutcome
+from debug_nan.train.repro import repro_state
+from debug_nan.train.unreplayed import interrupted_pinpoint, unreplayed_finding
+
+
+@dataclass
+class SessionPolicies:
+    """What differs between entry points; everything else is the session's."""
+
+    scaler: object | None = None  # an enabled torch.amp.GradScaler, or None
+    agreement: RankAgreement | None = None  # DDP: every rank takes the same decision
+    agree_on_errors: bool = True  # DDP: user code raising is agreed on too (False where the framework's backward
+    # may already be inside a gradient all-reduce on the other ranks: that rank decides alone)
+    averaged_after_watch: bool = False  # DDP: the watch read this rank's own gradients; the averaged ones are read
+    # for the explosion check and clipping (the Trainer's overlapped all-reduce)
+    bundle_sink: Callable[[dict], str] | None = None  # writes a repro bundle, returns its path
+    explosion: tuple[float, float] | None = (1e4, 1e3)  # (threshold, growth) of the gradient-norm explosion check
+    dialect: str = "cli"  # the advice's wording: "cli" (flags) or "api" (Python arguments)
+    snapshot_mode: str = "host"
+    scheduler: object | None = None  # restored by a replay with the rest of the state
+
+
+class StepSession:
+    def __init__(self, driver, policies: SessionPolicies, watch: Watch | None = None):
+        self.driver, self.p = driver, policies
+        self.model, self.optimizer, self.device = driver.model, driver.optimizer, driver.device
+        self.log = driver.log
+        self.scaler = policies.scaler
+        self.watch = watch or Watch(self.model, self.optimizer)
+        # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite
+        self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, policies.scheduler, policies.snapshot_mode)
+        self.pinpointer = Pinpointer(driver)
+        self.history = History()
+        self.inputs: StepInputs | None = None  # the step under way
+        self.previous: StepInputs | None = None  # the step whose update the next sync checks
+        self.record: StepRecord | None = None
+        self.micro = 0
+        self.steps = 0
+        self._grads_watched = False
+        self.stopped = False
+
+    # -- a step --------------------------------------------------------------------------------------------------
+    def begin_step(self, step: int | None = None) -> StepInputs:
+        """Before an optimizer step's first micro-batch. `step`: its number (1-based; default: the next one)."""
+        self.steps = step if step is not None else self.steps + 1
+        self.inputs = StepInputs(step=self.steps, batches=[], rng=[], snapshot=self.snapshot)
+        self.snapshot.stage()  # the buffers as the forward finds them; save() after the first sync
+        self.record = self.history.begin(self.steps)
+        self.record.lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
+        self.micro = 0
+        return self.inputs
+
+    def begin_micro(self, raw_batch, on_device=None) -> None:
+        """Before a micro-batch's forward: the batch as produced, before any user code can change it in place
+        (`on_device`: the same batch moved to the model's device, which the watch measures)."""
+        self.micro += 1
+        self.inputs.batches.append(capture_batch(raw_batch, self.device))
+        self.inputs.rng.append(capture_rng(self.device))
+        self._grads_watched = False
+        self.watch.enabled = True
+        self.watch.watch_batch(raw_batch if on_device is None else on_device)
+
+    def watch_loss(self, loss: torch.Tensor, parts: dict[str, torch.Tensor] | None = None) -> None:
+        if self.watch.enabled:
+            self.watch.watch_loss(loss, parts)
+
+    def watch_grads(self) -> list[torch.Tensor] | None:
+        """The gradients' L2 norms (on the device), divided by the fp16 loss scale while they are still scaled."""
+        self._grads_watched = True
+        return self.watch.watch_grads(self._inverse_scale())
+
+    def _inverse_scale(self) -> torch.Tensor | None:
+        s = self.scaler
+        if s is None or getattr(s, "_scale", None) is None or self.optimizer is None:
+            return None
+        from torch.amp.grad_scaler import OptState
+
+        if s._per_optimizer_states[id(self.optimizer)]["stage"] is OptState.UNSCALED:
+            return None
+        return s._scale.reciprocal()
+
+    def end_micro(self, last: bool, error: BaseException | None = None, abort: BaseException | None = None,
+                  grad_norms: list[torch.Tensor] | None = None) -> MicroOutcome:
+        """After a micro-batch's backward (or after its code raised): the one host sync (agreed under DDP), the
+        history; the snapshot is saved after the first micro-batch unless that sync blames the last update."""
+        o = MicroOutcome(self.inputs, self.micro, error=error, abort=abort, record=self.record,
+                         previous=self.previous, last=last)
+        o.grad_norms = grad_norms if self._grads_watched else self.watch_grads()
+        agreement = self.p.agreement
+        agree = agreement.agree_codes if agreement is not None and (error is None or self.p.agree_on_errors) \
+            else None
+        result = self.watch.sync(agree, raised=error is not None, abort=abort is not None)
+        self.watch.enabled = False
+        if abort is None:  # the fp16 loss scale once per step, read after the sync (nothing queued: nearly free)
+            scale = self.scaler.get_scale() if self.scaler is not None and self.micro == 1 else None
+            self.history.add_micro(self.record, result, last, scale)
+        if last:
+            self.record.finish()
+        o.check, o.rank_codes, o.layer_stats = result.first_harm(), result.rank_codes, result.layer_stats
+        o.new_buffers = result.new_nonfinite_buffers  # not harm by itself: traced in after_clean
+        if self.micro == 1 and not o.blames_last_update:  # the previous step is not replayed: its copy can go
+            self.snapshot.save()
+        return o
+
+    def end(self, last: bool, error: BaseException | None = None) -> Finding | None:
+        """end_micro + decide, for the drivers that take no decision of their own."""
+        return self.decide(self.end_micro(last, error))
+
+    def stepped(self) -> None:
+        """After the optimizer step: the parameters and optimizer state are checked at the next sync."""
+        if self.stopped or self.inputs is None:
+            return
+        self.watch.watch_params()
+        self.previous = self.inputs
+
+    def finish(self) -> Finding | None:
+        """After training: the last optimizer step's parameter check (one more sync, agreed under DDP)."""
+        if self.stopped or self.previous is None:
+            return None
+        last = self.previous
+        result = self.watch.sync(self.p.agreement.agree_codes if self.p.agreement is not None else None)
+        return self.decide(MicroOutcome(last, len(last.batches), result.first_harm(), rank_codes=result.rank_codes,
+                                        previous=last))
+
+    # -- the trip decision ---------------------------------------------------------------------------------------
+    def decide(self, o: MicroOutcome) -> Finding | None:
+        """Trip or not, from one micro-batch's checks (under DDP: the same decision on every rank)."""
+        if self.p.agreement is not None and o.rank_codes is not None:
+            genuine = self.gradient_trip_is_genuine if self.scaler is not None else None
+            finding = self.p.agreement.decide(o, self.pinpoint, genuine, self.skip_overflow)
+            if finding is not None and finding.rank == self.p.agreement.ctx.rank:
+                self.save_bundle(finding, o)
+            return finding if finding is not None else self.after_clean(o)
+        if o.check is None and o.error is None:
+            return self.after_clean(o)
+        if o.only_gradients and o.record is not None and self.is_scaler_overflow(o):
+            self.skip_overflow(o)
+            return None
+        finding = self.pinpoint(o)
+        self.save_bundle(finding, o)
+        return finding
+
+    def after_clean(self, o: MicroOutcome) -> Finding | None:
+        """A clean micro-batch: the op that wrote a buffer that turned non-finite is traced while this step can be
+        replayed; on the last one, the averaged gradients' norms (DDP), then the explosion check."""
+        self.pinpointer.trace_buffer_writers(o.inputs, o.micro, o.new_buffers)
+        if not o.last or o.record is None or o.record.scaler_skipped or max(o.rank_codes or [0]) > 0:
+            return None
+        if self.p.averaged_after_watch and self.p.agreement is not None:
+            o.grad_norms = self.p.agreement.gradient_norms(self.watch.named_params, o.record)
+        return self.check_explosion(o.record)
+
+    def is_scaler_overflow(self, o: MicroOutcome) -> bool:
+        """fp16: only the gradients went non-finite under the loss scale. An overflow (the step is skipped and the
+        scale lowered) when the same micro-batches give finite gradients without the scale. With --snapshot off
+        nothing can be re-run: the trip counts as the scaler's overflow, as GradScaler takes it."""
+        if self.scaler is None:
+            return False
+        if o.record.scaler_skipped:  # already known for this step: the later micro-batches inherit the Inf
+            return True
+        if not self.snapshot.kept:
+            return True
+        if self.scaler.get_scale() < 1.0:  # a scale below 1 cannot overflow what is finite without it
+            return False
+        with self.live_state_kept():
+            return self.pinpointer.finite_without_scaling(o.inputs, o.micro)
+
+    def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
+        return not self.is_scaler_overflow(o)
+
+    def skip_overflow(self, o: MicroOutcome) -> None:
+        if not o.record.scaler_skipped:
+            self.log(f"  [fp16] gradient scaler overflow at step {o.inputs.step} (finite without the scale): the "
+                     f"step is skipped and the scale lowered (expected).")
+        o.record.scaler_skipped = True
+
+    def check_explosion(self, record: StepRecord) -> Finding | None:
+        if self.p.explosion is None:
+            return None
+        threshold, growth = self.p.explosion
+        if (hit := self.history.explosion(threshold, growth)) is None:
+            return None
+        self.log(f"  [watch] TRIP at step {record.step}: gradient norm {record.grad_norm:.4g} (explosion)", "red")
+        finding = explosion_finding(record, hit[1], self.history.steps, self.micro, threshold, self.model)
+        return adapt_advice(finding, self.p.dialect)
+
+    def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
+        """The finding behind a trip; a parameter trip is the previous step's optimizer update."""
+        kind = o.check.kind if o.check is not None else None
+        snap = self.snapshot
+        if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer):
+            finding = unreplayed_finding(o, len(o.previous.batches) if kind == "param" and o.previous else o.micro,
+                                         self.model, self.log, snap.kept)
+        elif kind == "param":
+            if o.previous is None:
+                return None
+            finding = self.pinpointer.pinpoint(o.previous, len(o.previous.batches), o.check, None, optimizer=True,
+                                               trace=trace)
+        else:
+            try:
+                finding = self.pinpointer.pinpoint(o.inputs, o.micro, o.check, o.error)
+            except KeyboardInterrupt as exc:
+                if o.check is None:
+                    raise
+                raise interrupted_pinpoint(exc, o.inputs, o.micro, o.check, self.model) from None
+        return adapt_advice(finding, self.p.dialect) if finding is not None else None
+
+    def save_bundle(self, finding: Finding | None, o: MicroOutcome) -> None:
+        """The finding's repro bundle, written by the rank that pinpointed (the state is read from the snapshot)."""
+        if finding is None or self.p.bundle_sink is None or finding.detected_by == "gradient history":
+            return
+        optimizer = finding.phase == "optimizer" and o.previous is not None and o.check is not None \
+            and o.check.kind == "param"
+        inputs = o.previous if optimizer else o.inputs
+        micro = len(inputs.batches) if optimizer else o.micro
+        if not inputs.snapshot.kept:
+            return
+        try:
+            finding.bundle = self.p.bundle_sink(repro_state(self.driver, inputs, micro, finding, o.check, optimizer))
+            self.log(f"  [bundle] repro bundle written: {finding.bundle} (debug-nan replay {finding.bundle})")
+        except Exception as exc:  # noqa: BLE001 - the finding matters more than its bundle
+            self.log(f"  [bundle] could not write the repro bundle: {type(exc).__name__}: {exc}", "yellow")
+
+    # -- ending --------------------------------------------------------------------------------------------------
+    def stop(self, finding: Finding | None) -> Finding | None:
+        """Leave the model at its last finite state with no gradients, and watch no more. (A parameter trip left
+        the snapshot at the state before the update that broke it: save() was not called since.)"""
+        if self.snapshot.kept:
+            self.snapshot.restore()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.scaler is not None and params:
+            # a step the framework may still take goes through scaler.step, which needs a gradient to inspect:
+            # one NaN makes it skip the update, as for any overflow
+            params[0].grad = torch.full_like(params[0], math.nan)
+        self.stopped = True
+        self.watch.enabled = False
+        self.watch.discard()
+        return finding
+
+    @contextmanager
+    def live_state_kept(self):
+        """Around a probe that re-runs the step while the run goes on afterwards: its gradients, buffers, RNG and
+        the scaler's per-step record come back exactly as they were."""
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params]
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        rng = capture_rng(self.device)
+        scaler_record = self.scaler._per_optimizer_states if self.scaler is not None else None
+        try:
+            yield
+        finally:
+            for p, g in zip(params, grads):
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in zip(self.model.buffers(), buffers):
+                    b.copy_(saved)
+            restore_rng(rng, self.device)
+            if self.scaler is not None:
+                self.scaler._per_optimizer_states = scaler_record
+
+
+__all__ = ["SessionPolicies", "StepSession", "TaskFailure"]

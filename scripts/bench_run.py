@@ -1,0 +1,99 @@
+"""The cost of `debug-nan run` on a user's own training loop: the same script, plain and through `run`.
+
+    python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 5]
+                                [--repeats 5] [--accumulate 1] [--threads 1] [--json out.json]
+
+The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
+download), which times its own optimizer steps after --warmup (start-up and the first steps excluded) and prints
+the median ms per step. Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run -- python
+bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
+ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
+(CPU time: steadier on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def as_user(a) -> None:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                                       num_attention_heads=max(1, a.hidden // 32), intermediate_size=4 * a.hidden,
+                                       max_position_embeddings=a.seq))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    times, cpu = [], []
+    for step in range(a.warmup + a.steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(a.accumulate):
+            ids = torch.randint(5, 1000, (a.batch, a.seq), generator=g)
+            labels = torch.where(torch.rand(a.batch, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+            loss = model(input_ids=ids, labels=labels).loss / a.accumulate
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    print(f"ms_per_step {1000 * statistics.median(times):.3f} {1000 * statistics.median(cpu):.3f}")
+
+
+def measure(a, watched: bool) -> tuple[float, float]:
+    user = [sys.executable, str(Path(__file__).resolve()), "--as-user", *a.user_args]
+    command = [sys.executable, "-m", "debug_nan", "run", "--", *user] if watched else user
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    wall, cpu = done.stdout.split("ms_per_step")[1].split()
+    return float(wall), float(cpu)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--as-user", action="store_true", help=argparse.SUPPRESS)
+    for name, default in (("hidden", 128), ("layers", 4), ("seq", 128), ("batch", 8), ("steps", 30),
+                          ("warmup", 5), ("accumulate", 1), ("threads", 1)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    if a.as_user:
+        return as_user(a)
+    a.user_args = [f"--{k}={getattr(a, k)}" for k in ("hidden", "layers", "seq", "batch", "steps", "warmup",
+                                                      "accumulate", "threads")]
+    plain, watched, ratios, cpu_ratios = [], [], [], []
+    for r in range(a.repeats):
+        pair = {}
+        for mode in ((False, True) if r % 2 == 0 else (True, False)):
+            pair[mode] = measure(a, mode)
+        plain.append(pair[False][0])
+        watched.append(pair[True][0])
+        ratios.append(pair[True][0] / pair[False][0])
+        cpu_ratios.append(pair[True][1] / pair[False][1])
+        print(f"pair {r + 1}: plain {pair[False][0]:.1f} ms/step, run {pair[True][0]:.1f} ms/step, ratio "
+              f"{ratios[-1]:.3f} wall / {cpu_ratios[-1]:.3f} CPU time", flush=True)
+    result = {"plain_ms": statistics.median(plain), "run_ms": statistics.median(watched),
+              "ratio": statistics.median(ratios), "cpu_ratio": statistics.median(cpu_ratios), "pairs": ratios,
+              "cpu_pairs": cpu_ratios, "settings": a.user_args, "load": os.getloadavg()[0]}
+    print(f"median: plain {result['plain_ms']:.1f} ms/step, debug-nan run {result['run_ms']:.1f} ms/step, "
+          f"median ratio {result['ratio']:.3f} wall / {result['cpu_ratio']:.3f} CPU time (load average "
+          f"{result['load']:.1f})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The log fits the screen: every line of a real run within 100 columns, the history of a 32-block model one
+screen tall, --quiet, --version and the grouped --help."""
+
+import pytest
+from click.testing import CliRunner
+
+import debug_nan
+from debug_nan.cli import main
+from debug_nan.report.line_width import fit
+from tests.conftest import REPO
+
+DEEP = REPO / "tests" / "tasks" / "deep_stack.py"
+
+
+@pytest.fixture(autouse=True)
+def _default_width(monkeypatch):
+    monkeypatch.delenv("DEBUG_NAN_LOG_WIDTH", raising=False)  # conftest turns wrapping off for the other tests
+
+
+def block(output: str, title: str) -> list[str]:
+    return output.split(f"=== {title}")[1].split("\n\n")[0].splitlines()[1:]
+
+
+def test_fit_wraps_under_the_text():
+    line = "  [pinpoint] " + "word " * 30
+    parts = fit(line)
+    assert len(parts) == 2 and all(len(p) <= 100 for p in parts)
+    assert parts[1].startswith(" " * 13 + "word")  # under the text after the tag
+    summary = fit("  status       CLEAN: " + "x " * 50)
+    assert summary[1].startswith(" " * 15 + "x")  # under the summary's value column
+    assert fit("a" * 250) == ["a" * 100, "  " + "a" * 98, "  " + "a" * 52]
+    assert fit("short") == ["short"]
+
+
+def test_the_width_can_be_set_or_turned_off(monkeypatch, capsys):
+    from debug_nan.report.log import Log
+
+    monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
+    Log()("x " * 80)
+    monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "60")
+    Log()("y " * 40)
+    lines = capsys.readouterr().out.splitlines()
+    assert [len(line) for line in lines] == [160, 59, 21]
+
+
+def test_a_32_block_run_fits_100_columns_and_one_screen(run_cli, tmp_path):
+    run = run_cli("--task", f"{DEEP}:build", "--max-steps", "3", "--device", "cpu", "--log", str(tmp_path / "l"))
+    assert run.code == 0, run.output
+    lines = run.output.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert max(len(line) for line in (tmp_path / "l").read_text().splitlines()) <= 100
+    history = block(run.output, "HISTORY")
+    assert len(history) <= 16, "\n".join(history)
+    assert any(line.startswith("  layers.0..31 (Block x 32)") for line in history)
+
+
+def test_a_step_1_trip_in_a_deep_model(run_cli):
+    run = run_cli("--task", f"{DEEP}:build_log_gate", "--max-steps", "3", "--device", "cpu")
+    assert run.code == 1 and run.first["module"] == "layers.17.mlp" and run.first["cause"] == "log_of_nonpositive"
+    assert max(len(line) for line in run.output.splitlines()) <= 100
+    history = block(run.output, "HISTORY")
+    assert len(history) <= 12 and sum(" nan " in line for line in history) <= 2, "\n".join(history)
+    assert "headroom infx" not in run.output
+
+
+def test_quiet_prints_the_header_a_line_per_step_and_the_summary(run_cli):
+    run = run_cli("--task", f"{DEEP}:build", "--max-steps", "3", "--device", "cpu", "--quiet")
+    assert run.code == 0, run.output
+    steps = [line for line in run.output.splitlines() if line.startswith("  step ")]
+    assert [s.split(" | ")[0] for s in steps] == ["  step 1/3", "  step 2/3", "  step 3/3"]
+    assert all(s.endswith(" | ok") and " | loss " in s for s in steps)
+    assert "=== STEP" not in run.output and "HISTORY" not in run.output and "[grads]" not in run.output
+    assert run.output.startswith("=== debug-nan") and "=== SUMMARY" in run.output
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"debug-nan {debug_nan.__version__}\n"
+
+
+def test_help_is_grouped_and_describes_the_task_interface():
+    out = CliRunner().invoke(main, ["--help"], terminal_width=100).output
+    titles = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["General options:", "AAM pipeline options (the built-in model and data; a --task may read "
+                      "them):", "Output options:", "Distributed (torchrun):", "Your own model: --task:",
+                      "Commands:"]
+    general, aam = out.split("General options:")[1].split("AAM pipeline options")
+    aam, outputs = aam.split("Output options:")
+    assert "--lr" in general and "--token-limit" not in general and "--guards / --no-guards" in aam
+    assert "--tensorboard DIRECTORY" in outputs and "--history [compact|full]" in outputs
+    assert "loss(model, batch)" in out and "torchrun --nproc_per_node" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_an_all_zero_tensor_has_no_headroom():
+    import torch
+
+    from debug_nan.checks.stats import tensor_stats
+
+    line = tensor_stats(torch.zeros(3)).line()
+    assert "headroom" not in line and "inf" not in line.lower().replace("+inf 0", "").replace("-inf 0", "")
+    assert "headroom 3.4e+38x" in tensor_stats(torch.ones(2)).line()

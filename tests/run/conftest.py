@@ -1,0 +1,32 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from debug_nan.cli import main
+from tests.conftest import Run
+
+
+def pytest_collection_modifyitems(items):
+    """A test through `debug-nan run` (in this process, its re-execution a child) is end to end: `e2e`."""
+    for item in items:
+        if "run_here" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture
+def run_here(tmp_path, monkeypatch):
+    """`debug-nan run --report R OPTIONS -- COMMAND` in this process, in tmp_path -> (Run, stdout, stderr). (The
+    re-execution of a trip is still a child process.)"""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*command: str, options=()) -> tuple[Run, str, str]:
+        report = tmp_path / "run.json"
+        if report.exists():
+            report.unlink()
+        result = CliRunner().invoke(main, ["run", "--report", str(report), *options, "--", *command],
+                                    catch_exceptions=False)
+        data = json.loads(report.read_text()) if report.exists() else None
+        return Run(result.exit_code, result.output, data), result.stdout, result.stderr
+
+    return run

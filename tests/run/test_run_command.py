@@ -1,0 +1,163 @@
+"""How `debug-nan run` finds and runs the user's command: a script, `python -m`, an installed console script; and
+a script whose own NaN check raises mid-step."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from debug_nan.errors import InputError
+from debug_nan.launch.command import exit_code, resolve
+
+HERE = Path(__file__).resolve().parent
+
+RAISES = """import torch
+from tests.run import models
+
+torch.manual_seed(0)
+model = models.Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for batch in models.batches(empty_at=(2,)):
+    loss = models.regression_loss(model, batch)
+    if torch.isnan(loss):
+        raise ValueError("the loss is NaN")
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+KEYERROR = """import torch
+from tests.run import models
+
+torch.manual_seed(0)
+model = models.Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i, batch in enumerate(models.batches()):
+    loss = models.regression_loss(model, batch)
+    batch["tokens"] if i == 2 else None
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+ENTRY = "[console_scripts]\nmytrain = mytrain_main:main\n"
+MAIN = """import torch
+from tests.run import models
+
+
+def main():
+    torch.manual_seed(0)
+    model = models.Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for batch in models.batches(empty_at=(2,)):
+        models.regression_loss(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return 0
+"""
+
+
+def test_resolve_the_forms_of_a_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    script = resolve(["python", "-u", "train.py", "--lr", "3"])
+    assert (script.kind, script.target, script.argv) == ("script", str(tmp_path / "train.py"),
+                                                          ["train.py", "--lr", "3"])
+    assert resolve(["train.py"]).kind == "script"
+    module = resolve(["python3", "-m", "pkg.train", "--x"])
+    assert (module.kind, module.target, module.argv) == ("module", "pkg.train", ["pkg.train", "--x"])
+    entry = resolve(["debug-nan", "--version"])  # this package's own console script
+    assert (entry.kind, entry.target, entry.argv[1:]) == ("entry point", "debug_nan.cli:main", ["--version"])
+
+
+@pytest.mark.parametrize("words, message", [
+    ([], "needs the command to run after `--`"),
+    (["python", "missing.py"], "the script missing.py does not exist"),
+    (["python", "-c", "print(1)"], "other interpreter options are not supported"),
+    (["python", "-m"], "`python -m` needs a module name"),
+    (["no-such-program-19"], "no such script or console script"),
+])
+def test_resolve_says_what_is_wrong(tmp_path, monkeypatch, words, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(words)
+
+
+def test_exit_codes_as_python_maps_them(capsys):
+    assert (exit_code(None), exit_code(3)) == (0, 3)
+    assert exit_code("stopped: bad data") == 1 and capsys.readouterr().err == "stopped: bad data\n"
+
+
+@pytest.mark.e2e
+def test_a_script_raising_on_its_own_nan_check_gets_the_origin_behind_it(tmp_path, run_here):
+    (tmp_path / "raises.py").write_text(RAISES)
+    done, _, _ = run_here("python", "raises.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["micro_step"], first["phase"], first["module"], first["op"], first["cause"]) == (
+        3, 1, "forward", "attn", "aten._softmax.default", "all_masked_softmax")
+    assert first["exception"] == "ValueError: the loss is NaN (at raises.py:10)"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("form", ["module", "console script"])
+def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
+    """`python -m mytrain_main` and an installed console script `mytrain` (a dist-info on the path, as pip
+    writes it): the same loop inside main(), traced in the re-execution too."""
+    (tmp_path / "mytrain_main.py").write_text(MAIN + "\nif __name__ == '__main__':\n    raise SystemExit(main())\n")
+    info = tmp_path / "mytrain-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mytrain\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{':'.join(sys.path)}")
+    command = ["python", "-m", "mytrain_main"] if form == "module" else ["mytrain"]
+    done, _, stderr = run_here(*command)
+    assert done.code == 1, done.output
+    assert (done.first["step"], done.first["op"], done.first["source"]) == (3, "aten._softmax.default",
+                                                                          "tests/run/models.py:21")
+    assert f"({'module' if form == 'module' else 'entry point'};" in stderr
+
+
+def test_torchrun_is_refused_with_a_reason(tmp_path, run_here, monkeypatch):
+    (tmp_path / "train.py").write_text("print('never')\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    done, stdout, stderr = run_here("python", "train.py")
+    assert done.code == 2 and stdout == ""
+    assert "debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet" in stderr
+    assert done.report["status"] == "error"
+
+
+def test_a_script_raising_mid_step_without_nan_is_its_own_failure(tmp_path, run_here):
+    """No NaN/Inf before the exception (checked in the re-execution): the script's traceback, status error, exit 1
+    (as a --task whose loss raises)."""
+    (tmp_path / "keyerror.py").write_text(KEYERROR)
+    done, _, stderr = run_here("python", "keyerror.py")
+    assert done.code == 1, done.output
+    assert done.report["status"] == "error" and done.first is None
+    assert "The replay found no NaN/Inf before it" in done.report["error"]
+    assert 'keyerror.py", line 9, in <module>' in stderr and "KeyError: 'tokens'" in stderr
+
+
+def test_deterministic_reaches_the_command_and_is_undone_after_it(tmp_path, run_here):
+    import torch
+
+    (tmp_path / "check.py").write_text("import torch\nprint(torch.are_deterministic_algorithms_enabled())\n")
+    done, stdout, stderr = run_here("python", "check.py", options=("--deterministic",))
+    assert done.code == 2 and stdout == "True\n"  # (it trains nothing: exit 2, said so)
+    assert "without training" in stderr
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_re_execution_that_never_reaches_the_trip_leaves_the_watch_finding(tmp_path, run_here):
+    """The script behaves differently the second time (a file its first run wrote): the re-execution ends early,
+    the log says so, and the watch's finding stands (no op named)."""
+    once = RAISES.replace("import torch\n", "import os\nimport sys\nimport torch\n\nif os.path.exists('done'):\n"
+                          "    sys.exit(0)\nopen('done', 'w').close()\n").replace(
+        "    if torch.isnan(loss):\n        raise ValueError(\"the loss is NaN\")\n", "")
+    (tmp_path / "once.py").write_text(once)
+    done, _, stderr = run_here("python", "once.py")
+    assert done.code == 1, done.output
+    assert (done.first["step"], done.first["micro_step"], done.first["op"], done.first["detected_by"]) == (
+        3, 1, None, "watch")
+    assert "the re-execution ended (exit 0) without reaching step 3, micro-batch 1" in " ".join(stderr.split())

@@ -1,0 +1,101 @@
+"""The global hooks of `debug-nan run` (launch/hooks.py), in this process on a tiny model: how a script's calls
+become micro-batches and steps, and that uninstall() leaves torch as it was."""
+
+import pytest
+import torch
+
+from debug_nan.launch.hooks import Hooks, RunStopped
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def attach(self, model, optimizer):
+        self.events.append(("attach", type(model).__name__, type(optimizer).__name__))
+
+    def micro_begin(self, batch, step, micro):
+        self.events.append(("micro", step, micro, tuple(batch.shape)))
+
+    def backward_begin(self, loss, step, micro):
+        self.events.append(("backward", step, micro))
+
+    def backward_end(self, step, micro):
+        pass
+
+    def step_begin(self, step):
+        self.events.append(("step_begin", step))
+
+    def step_end(self, step, skipped):
+        self.events.append(("step_end", step, skipped))
+
+
+@pytest.fixture
+def hooks():
+    recorder = Recorder()
+    h = Hooks(recorder)
+    originals = (torch.autograd.backward, torch.optim.Optimizer.__init__, torch.amp.GradScaler.update)
+    h.install()
+    yield h, recorder.events
+    h.uninstall()
+    assert (torch.autograd.backward, torch.optim.Optimizer.__init__, torch.amp.GradScaler.update) == originals
+
+
+def test_accumulation_a_micro_batch_is_a_backward_a_step_an_optimizer_step(hooks):
+    h, events = hooks
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.no_grad():
+        model(torch.ones(5, 3))  # an evaluation: no micro-batch
+    for _ in range(2):
+        for rows in (2, 3):
+            model(torch.ones(rows, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert events == [
+        ("attach", "Sequential", "SGD"),
+        ("micro", 1, 1, (2, 3)), ("backward", 1, 1), ("micro", 1, 2, (3, 3)), ("backward", 1, 2),
+        ("step_begin", 1), ("step_end", 1, False),
+        ("micro", 2, 1, (2, 3)), ("backward", 2, 1), ("micro", 2, 2, (3, 3)), ("backward", 2, 2),
+        ("step_begin", 2), ("step_end", 2, False)]
+    assert h.root is model
+
+
+def test_a_closure_runs_the_micro_batch_inside_the_optimizer_step(hooks):
+    """Lightning's way: optimizer.step(closure), the closure does forward + backward."""
+    _, events = hooks
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure():
+        loss = model(torch.ones(2, 3)).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert events[1:] == [("step_begin", 1), ("micro", 1, 1, (2, 3)), ("backward", 1, 1), ("step_end", 1, False)]
+
+
+def test_a_grad_scaler_skipped_step_ends_at_its_update(hooks):
+    _, events = hooks
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # times a gradient of 8: inf in float32
+    for _ in range(2):
+        scaler.scale(model(torch.full((2, 3), 4.0)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert [e for e in events if e[0] == "step_end"] == [("step_end", 1, True), ("step_end", 2, True)]
+
+
+def test_a_second_optimizer_stepping_stops_the_script_with_its_reason(hooks):
+    h, _ = hooks
+    g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    d(g(torch.ones(2))).sum().backward()
+    og.step()
+    with pytest.raises(RunStopped):
+        od.step()
+    assert "two optimizers (SGD and SGD" in str(h.failure)

@@ -1,0 +1,181 @@
+"""Limits and wrong words, table-driven: each row runs `debug-nan ARGS` in an empty folder d (holding faults.py and
+what its setup writes) and checks the exit code, the message (in the output and, for exit 2, the error report) and
+that no traceback is printed. "{d}" in an argument is the folder. To add a case, add a row."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from debug_nan.cli import main
+from debug_nan.report.bundle import BUNDLE_VERSION, REQUIRED_KEYS
+from tests.test_outputs import FAULT_TASKS
+
+TASK = ("--task", "faults.py:healthy", "--device", "cpu", "--max-steps", "1")
+LONG = "n" * 256  # one over the 255-byte limit of a name on Linux file systems
+META_TASK = '''
+import torch
+from torch import nn
+
+
+def build():
+    return {"model": nn.Linear(3, 1, device="meta"), "batches": [torch.randn(4, 3)] * 2,
+            "loss": lambda m, b: m(b).pow(2).mean()}
+'''
+
+
+def _bundle(version=BUNDLE_VERSION, **settings):
+    def setup(d):
+        torch.save({"version": version, **{k: None for k in REQUIRED_KEYS}, "settings": settings}, d / "b.pt")
+    return setup
+
+
+def _checkpoint(content: bytes):
+    def setup(d):
+        if content:
+            torch.save({"weight": torch.zeros(1, 3), "bias": torch.zeros(1)}, d / "ck.pt")
+            (d / "ck.pt").write_bytes((d / "ck.pt").read_bytes()[:len(content) * 100])  # cut off
+        else:
+            (d / "ck.pt").write_bytes(b"")
+    return setup
+
+
+@dataclass
+class Limit:
+    id: str
+    args: tuple[str, ...]
+    code: int
+    message: str
+    setup: object = None
+
+
+LIMITS = [
+    Limit("report-name-of-250-characters", (*TASK, "--report", "{d}/" + "r" * 245 + ".json"), 0, "JSON report written"),
+    Limit("report-name-over-255-bytes", (*TASK, "--report", f"{{d}}/{LONG}/r.json"), 2,
+          "longer than the file system allows (255 bytes per name)"),
+    Limit("log-name-over-255-bytes", (*TASK, "--log", f"{{d}}/{LONG}.log"), 2, "--log"),
+    Limit("config-name-over-255-bytes", ("--config", f"{{d}}/{LONG}.toml"), 2, "cannot be read: a name in that path"),
+    Limit("config-is-a-directory", ("--config", "{d}"), 2, "is a directory"),
+    Limit("asv-layers-zero", (*TASK, "--asv-layers", "0"), 2, "--asv-layers must be a positive integer, got 0"),
+    Limit("sample-layers-negative", (*TASK, "--sample-layers", "-1"), 2, "--sample-layers must be a positive integer"),
+    Limit("encoder-layers-zero", (*TASK, "--encoder-layers", "0"), 2, "--encoder-layers must be a positive integer"),
+    Limit("checkpoint-empty", (*TASK, "--checkpoint", "{d}/ck.pt"), 2, "is empty (0 bytes)", _checkpoint(b"")),
+    Limit("checkpoint-truncated", (*TASK, "--checkpoint", "{d}/ck.pt"), 2, "is truncated or damaged",
+          _checkpoint(b"PK")),
+    Limit("task-model-on-meta", ("--task", "meta.py:build", "--device", "cpu", "--max-steps", "1"), 2,
+          "`model` is on the meta device", lambda d: (d / "meta.py").write_text(META_TASK)),
+    Limit("bundle-of-a-newer-format", ("replay", "{d}/b.pt"), 2, "was written by a newer debug-nan (bundle version 2",
+          _bundle(BUNDLE_VERSION + 1)),
+    Limit("bundle-with-newer-settings", ("replay", "{d}/b.pt"), 2, "its settings zz_new_option are unknown",
+          _bundle(zz_new_option=1)),
+    Limit("token-limit-past-any-memory", ("--token-limit", "100000", "--device", "cpu", "--max-steps", "1"), 2,
+          "--token-limit 100000: the built-in model would hold at least"),
+    Limit("one-sample-never-forms-a-unifrac-pair", ("--synthetic-samples", "1", "--batch-size", "2", "--max-steps",
+                                                    "1", "--device", "cpu"), 2, "a smaller --batch-size cannot help"),
+]
+
+
+@pytest.mark.parametrize("case", LIMITS, ids=lambda c: c.id)
+def test_a_limit_or_a_wrong_word(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "faults.py").write_text(FAULT_TASKS)
+    if case.setup:
+        case.setup(tmp_path)
+    args = [a.replace("{d}", str(tmp_path)) for a in case.args]
+    report = tmp_path / "out.json"
+    if "--report" not in args:
+        args += ["--report", str(report)]
+    else:
+        report = tmp_path / args[args.index("--report") + 1]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == case.code, result.output
+    assert case.message in result.output and "Traceback" not in result.output, result.output
+    if case.message.startswith("longer") or "--report" in case.args and case.code == 2:
+        return  # the report's own path is the error: no report can be written there
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == case.code
+    assert case.code != 2 or case.message in data["error"]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".partial")]  # no temporary file left behind
+
+
+SLOW_REPLAY = FAULT_TASKS + '''
+
+def nan_at_step_2_slow_replay():
+    """NaN loss at step 2; a replay (DEBUG_NAN_TEST_SLOW set) sleeps in every loss call."""
+    calls = [0]
+
+    def loss(m, b):
+        calls[0] += 1
+        if os.environ.get("DEBUG_NAN_TEST_SLOW"):
+            time.sleep(30)
+        out = m(b).pow(2).mean()
+        return out * float("nan") if calls[0] >= 2 else out
+    return T(nn.Linear(3, 1), _batches(), loss)
+'''
+
+
+@pytest.mark.e2e
+def test_an_interrupted_replay_of_a_nan_bundle_is_never_clean(tmp_path):
+    (tmp_path / "faults.py").write_text(SLOW_REPLAY)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    run = subprocess.run([sys.executable, "-m", "debug_nan", "--task", "faults.py:nan_at_step_2_slow_replay",
+                          "--device", "cpu", "--max-steps", "3"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 1, run.stdout + run.stderr
+    bundle = next(tmp_path.glob("debug-nan-bundle-step2-micro1.pt"))
+    proc = subprocess.Popen([sys.executable, "-m", "debug_nan", "replay", str(bundle), "--device", "cpu", "--report",
+                             "r.json"], cwd=tmp_path, env=dict(env, DEBUG_NAN_TEST_SLOW="1"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while "Replaying step" not in proc.stdout.readline() and time.monotonic() < deadline:
+        pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "CLEAN" not in out and "NONFINITE" in out and "Traceback" not in out + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["status"], report["interrupted"], report["exit_code"]) == ("nonfinite", True, 130)
+    assert report["first_nonfinite"]["step"] == 2
+    assert any("not confirmed by this replay" in note for note in report["notes"])
+
+
+def _caterpillar(n: int):
+    import io
+
+    from skbio import TreeNode
+
+    newick = "t0"
+    for k in range(1, n):
+        newick = f"({newick}:1,t{k}:1)"
+    return TreeNode.read(io.StringIO(newick + ";"))
+
+
+def test_a_caterpillar_tree_past_the_memory_is_refused_before_its_paths_are_built(monkeypatch):
+    """n tips, n levels: n^2 / 2 path entries. With 1 MB to give, 300 tips (45,450 entries) are refused, the same
+    tree's 100 shallowest tips (5,150 entries) are built; the path lengths agree with scikit-bio's ancestors."""
+    import numpy as np
+
+    from debug_nan.data import unifrac_sparse
+    from debug_nan.errors import InputError
+
+    monkeypatch.setattr(unifrac_sparse, "available_bytes", lambda: 2**20)
+    tree = _caterpillar(300)
+    with pytest.raises(InputError, match=r"The tree is 300 nodes deep: the tip-to-root paths of the table's 300 "
+                                         r"ASVs that UniFrac needs hold 45,449 entries"):
+        unifrac_sparse.tree_arrays(tree, [f"t{k}" for k in range(300)])
+    arrays = unifrac_sparse.tree_arrays(tree, [f"t{k}" for k in range(200, 300)])
+    assert arrays.ancestors.nnz == 5150  # tips t200..t299 sit 101..2 nodes from the root (itself included)
+    nodes = list(tree.postorder(include_self=True))
+    index = {id(n): k for k, n in enumerate(nodes)}
+    parent = np.array([index[id(n.parent)] if n.parent is not None else -1 for n in nodes])
+    expected = [len(list(n.ancestors())) + 1 for n in nodes]
+    assert unifrac_sparse.path_lengths(parent).tolist() == expected
