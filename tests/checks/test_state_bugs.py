@@ -215,3 +215,24 @@ def test_a_weight_non_finite_before_the_first_step_is_not_blamed_on_an_earlier_s
     assert "`2.weight` [1, 8] holds 8 NaN" in f["explanation"]
     assert "before step 1, the first step of this run" in f["explanation"] and "earlier step" not in f["explanation"]
     assert f["suggestions"][0].startswith("The model was non-finite before its first step")
+
+
+def test_the_monitor_names_the_buffer_writer_too():
+    """The glue lives in the step session: the API's Monitor gets the same finding as the CLI."""
+    import torch
+
+    import debug_nan
+    from tests.state_bugs import vqvae_ema_dead_code
+
+    t = vqvae_ema_dead_code()
+    opt = torch.optim.AdamW(t.model.parameters(), lr=1e-4)
+    monitor = debug_nan.Monitor(t.model, t.loss, opt)
+    with pytest.raises(debug_nan.NonFiniteError) as info:
+        for batch in t.batches:
+            with monitor.step(batch):
+                t.loss(t.model, batch).backward()
+            opt.step()
+            opt.zero_grad()
+    f = info.value.finding
+    assert (f.step, f.micro_step, f.module, f.op, f.cause) == (1, 1, "vq", "aten.div.Tensor", "div_by_zero")
+    assert "wrote buffer `vq.embed` at step 1" in f.explanation
