@@ -21,6 +21,7 @@ from debug_nan.checks.causes.wording import (ALL_IGNORED_SUGGESTIONS, SUGGESTION
                                              is_builtin, ranges, suggestions_for)
 from debug_nan.checks.events import OpEvent
 from debug_nan.checks.stats import tensor_stats
+from debug_nan.checks.vocabulary import Cause, Phase
 
 __all__ = ["SUGGESTIONS", "base_name", "batch_layout", "describe_rows", "diagnose", "is_builtin", "ranges"]
 
@@ -37,17 +38,17 @@ def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
     try:
         cause, explanation = _classify(event, batch)
     except Exception as exc:  # noqa: BLE001 - diagnosis is best effort, the origin stands regardless
-        cause = "unknown"
+        cause = Cause.UNKNOWN
         explanation = f"{event.op or event.label} produced {event.kind.upper()} (diagnosis failed: {exc})."
-    if event.phase == "optimizer":
-        cause = "nonfinite_parameter"
+    if event.phase == Phase.OPTIMIZER:
+        cause = Cause.NONFINITE_PARAMETER
     if event.note:
         explanation += f" ({event.note})"
     suggestions = suggestions_for(cause, event)
-    if cause == "div_by_zero" and "targets equals ignore_index" in explanation:  # (reductions._nll_rule)
+    if cause == Cause.DIV_BY_ZERO and "targets equals ignore_index" in explanation:  # (reductions._nll_rule)
         suggestions = ALL_IGNORED_SUGGESTIONS + [s for s in suggestions if s.startswith("Check for empty groups")]
     source = _inf_source(event)
-    if cause == "inf_arithmetic" and source is not None:  # the fix belongs where the Inf was born
+    if cause == Cause.INF_ARITHMETIC and source is not None:  # the fix belongs where the Inf was born
         try:
             suggestions += [s for s in suggestions_for(_classify(source, batch)[0], source) if s not in suggestions]
         except Exception:  # noqa: BLE001 - suggestions are a courtesy
@@ -69,7 +70,7 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
         return result
     name = base_name(event.op)
     if not event.inputs and not event.outputs:  # an origin past the tracer's limit: no tensors kept
-        return "unknown", f"{event.op} produced {event.kind.upper()}."
+        return Cause.UNKNOWN, f"{event.op} produced {event.kind.upper()}."
     # a NaN made from Infs (0 * inf in a backward formula, inf - inf) is arithmetic on an Inf born upstream,
     # whatever the op; the Inf's own origin is named in the explanation
     result = None if _inf_inputs(event) else singular_rule(event)
@@ -92,7 +93,7 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
         result = nan_from_finite_rule(event, name, float64(event))
     if result is None:
         stats = "; ".join(f"{n}: {tensor_stats(t).line()}" for n, t in event.inputs[:3])
-        result = ("unknown", f"{event.op} produced {event.kind.upper()} from finite inputs ({stats})."
+        result = (Cause.UNKNOWN, f"{event.op} produced {event.kind.upper()} from finite inputs ({stats})."
                   + _inf_source_sentence(event, batch))
     return result
 
@@ -110,16 +111,16 @@ def _pre_existing(event: OpEvent) -> tuple[str, str]:
         s = tensor_stats(t)
         counts = f" {list(t.shape)} holds {s.nan} NaN, {s.posinf} +Inf and {s.neginf} -Inf of {s.numel} values"
     where = f" (first used at {event.source})" if event.source else ""
-    if event.phase == "data":
-        return "nonfinite_input", (f"The batch itself is non-finite before the model sees it: {event.label}{counts}, "
+    if event.phase == Phase.DATA:
+        return Cause.NONFINITE_INPUT, (f"The batch itself is non-finite before the model sees it: {event.label}{counts}, "
                                    f"and that value reached the harm.")
-    if event.label.startswith(("parameter", "buffer")) or event.phase == "optimizer":
-        return "nonfinite_parameter", (f"{event.label}{counts} was already non-finite when this micro-batch began "
+    if event.label.startswith(("parameter", "buffer")) or event.phase == Phase.OPTIMIZER:
+        return Cause.NONFINITE_PARAMETER, (f"{event.label}{counts} was already non-finite when this micro-batch began "
                                        f"(an earlier step wrote it){where}.")
     if event.deliberate:
-        return "masked_value_used", (f"{event.label}{counts}: a constant Inf (a mask value) reached the harmed "
+        return Cause.MASKED_VALUE_USED, (f"{event.label}{counts}: a constant Inf (a mask value) reached the harmed "
                                      f"value{where}; a value the mask excluded was still used downstream.")
-    return "nonfinite_input", f"{event.label}{counts} was non-finite before the traced code used it{where}."
+    return Cause.NONFINITE_INPUT, f"{event.label}{counts} was non-finite before the traced code used it{where}."
 
 
 def _inf_source_sentence(event: OpEvent, batch) -> str:

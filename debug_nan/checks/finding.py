@@ -11,7 +11,7 @@ from torch import nn
 
 from debug_nan.checks.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.checks.stats import flat_tensors, tensor_stats
-from debug_nan.checks.vocabulary import PHASE_OF_KIND, Cause, Phase
+from debug_nan.checks.vocabulary import Cause, PHASE_OF_KIND, Phase
 from debug_nan.checks.watch import Check
 
 CAUSES = tuple(c.value for c in Cause)  # declared in checks/vocabulary.py
@@ -46,8 +46,10 @@ class Finding:
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
 
     def __post_init__(self):
-        assert self.cause in CAUSES, self.cause
-        assert self.phase in PHASES, self.phase
+        # one declared vocabulary (checks/vocabulary.py): an undeclared code is a ValueError here, and the finding
+        # keeps the plain string, so reports and bundles hold no Python enum
+        self.cause = Cause(self.cause).value
+        self.phase = Phase(self.phase).value
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,9 +94,9 @@ def data_finding(step: int, micro: int, raw, check: Check) -> Finding:
     explanation = (f"The batch itself is non-finite before the model sees it: key `{check.name}` "
                    f"{list(tensor.shape)} holds {n_nan} NaN and {n_inf} Inf of {tensor.numel()} values, at "
                    f"positions {where}{' ...' if bad.sum() > 6 else ''}{owners}.")
-    return Finding(step=step, micro_step=micro, phase="data", module="", module_type="", op=None,
-                   kind="nan" if n_nan else "inf", cause="nonfinite_input", explanation=explanation,
-                   source=None, suggestions=list(SUGGESTIONS["nonfinite_input"]), sample_ids=sample_ids(raw),
+    return Finding(step=step, micro_step=micro, phase=Phase.DATA, module="", module_type="", op=None,
+                   kind="nan" if n_nan else "inf", cause=Cause.NONFINITE_INPUT, explanation=explanation,
+                   source=None, suggestions=list(SUGGESTIONS[Cause.NONFINITE_INPUT]), sample_ids=sample_ids(raw),
                    inputs={check.name: tensor_stats(tensor).to_dict()}, watch=f"data `{check.name}`",
                    detected_by="data check")
 
@@ -108,8 +110,8 @@ def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Modul
                   "replay could not restore (a non-deterministic kernel, state outside the model and optimizer).")
     explanation = f"The watch saw {check.kind} `{check.name or '<loss>'}` = {check.value}, but {why}"
     return Finding(step=step, micro_step=micro, phase=phase, module=module, module_type=module_type(model, module),
-                   op=None, kind="nan" if math.isnan(check.value) else "inf", cause="unknown",
-                   explanation=explanation, source=None, suggestions=list(SUGGESTIONS["unknown"]),
+                   op=None, kind="nan" if math.isnan(check.value) else "inf", cause=Cause.UNKNOWN,
+                   explanation=explanation, source=None, suggestions=list(SUGGESTIONS[Cause.UNKNOWN]),
                    sample_ids=sample_ids(raw), watch=f"{check.kind} `{check.name}` = {check.value}",
                    detected_by="watch")
 
@@ -125,7 +127,7 @@ def explosion_finding(record, floor: float, steps: list, micro: int, threshold: 
                    f"past --explosion-threshold {threshold:g} and {record.grad_norm / max(floor, 1e-12):.3g}x the "
                    f"smallest earlier norm (per step: {series}). Largest: `{name}` {value:.3g} ({share:.0%} of "
                    f"the squared total). Nothing is non-finite yet: stopped before the overflow.")
-    return Finding(step=record.step, micro_step=micro, phase="backward", module=module,
-                   module_type=module_type(model, module), op=None, kind="inf", cause="gradient_explosion",
-                   explanation=explanation, source=None, suggestions=list(SUGGESTIONS["gradient_explosion"]),
+    return Finding(step=record.step, micro_step=micro, phase=Phase.BACKWARD, module=module,
+                   module_type=module_type(model, module), op=None, kind="inf", cause=Cause.GRADIENT_EXPLOSION,
+                   explanation=explanation, source=None, suggestions=list(SUGGESTIONS[Cause.GRADIENT_EXPLOSION]),
                    watch=f"grad norm {record.grad_norm:.4g}", detected_by="gradient history")

@@ -31,6 +31,7 @@ from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
 from debug_nan.checks.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
+from debug_nan.checks.vocabulary import Phase
 
 
 class Pinpointer:
@@ -81,7 +82,7 @@ class Pinpointer:
                 harmed: list = []
                 try:
                     if optimizer:
-                        tracer.phase_override = "optimizer"  # the lr this step uses, before its schedule step:
+                        tracer.phase_override = Phase.OPTIMIZER  # the lr this step uses, before its schedule step:
                         self._hyper = read_hyperparameters(d.optimizer, getattr(d, "scheduler", None))
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
@@ -157,7 +158,7 @@ class Pinpointer:
                 self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, why))
                 continue
             finding = (data_finding(inputs.step, micro, raw, Check("data", event.label, 1.0))
-                       if event.phase == "data" else self.event_finding(inputs.step, micro, event, raw, None, None))
+                       if event.phase == Phase.DATA else self.event_finding(inputs.step, micro, event, raw, None, None))
             self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, finding))
             d.log(f"  [pinpoint] buffer `{c.name}` was written by {finding.op or finding.watch} ({finding.phase}"
                   f"{f', module `{finding.module}`' if finding.module else ''}"
@@ -220,10 +221,10 @@ class Pinpointer:
             # nothing in this run came before: the checkpoint (or the task's initialisation) holds the value
             checkpoint = getattr(getattr(self.driver, "s", None), "checkpoint", None)
             return start_state_finding(inputs.step, micro, event, raw, watch, self.driver.model, checkpoint)
-        if event.phase == "data":  # the batch itself held the value that reached the harm
+        if event.phase == Phase.DATA:  # the batch itself held the value that reached the harm
             return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
         reached = None
-        if event.phase == "optimizer":
+        if event.phase == Phase.OPTIMIZER:
             named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
             reached = tracer.reached(event, named)
         return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
@@ -264,11 +265,11 @@ class Pinpointer:
                                   f"no NaN/Inf before it, so this is an error in the task's code, not a numerical "
                                   f"one.")
             finding = watch_only_finding(step, index, raw, check, d.model)
-        elif origin.phase == "data":
+        elif origin.phase == Phase.DATA:
             finding = data_finding(step, index, raw, Check("data", origin.label, float(origin.kind)))
         else:
             finding = self.event_finding(step, index, origin, raw, check, error)
-        return replace(finding, phase="eval", explanation=where + finding.explanation)
+        return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
 
     def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                        exc: BaseException) -> Finding:
@@ -298,7 +299,7 @@ class Pinpointer:
             explanation += (f" {where}, but it still leaked: only the gradients went non-finite, since backward "
                             f"multiplies it by 0 and 0 * inf = NaN.")
         module, kind_of_module = event.module, event.module_type
-        if event.phase == "optimizer":
+        if event.phase == Phase.OPTIMIZER:
             param, explanation, replaced = self._optimizer_explanation(reached or [], explanation)
             suggestions = replaced or suggestions
             module = param.rsplit(".", 1)[0] if param and "." in param else ""

@@ -13,6 +13,7 @@ import torch
 from debug_nan.checks.events import OpEvent
 from debug_nan.checks.finding import Finding, module_type, sample_ids, stats_dict
 from debug_nan.checks.stats import tensor_stats
+from debug_nan.checks.vocabulary import Cause, Phase
 
 CHECKPOINT_SUGGESTIONS = [
     "The checkpoint file itself holds the NaN/Inf: resume from an earlier checkpoint, or repair the named tensor "
@@ -36,8 +37,8 @@ def state_name(label: str) -> str:
 
 def is_start_state(event: OpEvent) -> bool:
     """A pre-existing non-finite parameter, buffer or optimizer state that is no deliberate mask."""
-    return event.label is not None and event.phase != "data" and not event.deliberate and (
-        event.phase == "optimizer" or event.label.startswith(("parameter `", "buffer `")))
+    return event.label is not None and event.phase != Phase.DATA and not event.deliberate and (
+        event.phase == Phase.OPTIMIZER or event.label.startswith(("parameter `", "buffer `")))
 
 
 def start_state_finding(step: int, micro: int, event: OpEvent, raw, watch: str | None, model: torch.nn.Module,
@@ -65,7 +66,7 @@ def start_state_finding(step: int, micro: int, event: OpEvent, raw, watch: str |
     param = name.split(" (optimizer")[0]
     module = param.rsplit(".", 1)[0] if "." in param else ""
     return Finding(step=step, micro_step=micro, phase=event.phase, module=module,
-                   module_type=module_type(model, module), op=None, kind=event.kind, cause="nonfinite_parameter",
+                   module_type=module_type(model, module), op=None, kind=event.kind, cause=Cause.NONFINITE_PARAMETER,
                    explanation=explanation, source=event.source, suggestions=suggestions,
                    source_line=event.source_line, sample_ids=sample_ids(raw), outputs=stats_dict(event.outputs),
                    watch=watch)

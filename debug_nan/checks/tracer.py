@@ -36,6 +36,7 @@ from debug_nan.checks.module_context import ORIGIN_TAG, TAG, ModuleContext
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.frames import source_from_stack_lines, user_frame
+from debug_nan.checks.vocabulary import Phase
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
@@ -312,7 +313,7 @@ class Tracer(TorchDispatchMode):
         source, code = (forward_source_of(node), None) if node is not None else user_frame()
         module_type, module_class = self.context.module_class(module)
         return self.lineage.add(OpEvent(
-            op="", phase=phase, module=module, module_type=module_type if phase != "loss" else "",
+            op="", phase=phase, module=module, module_type=module_type if phase != Phase.LOSS else "",
             kind="nan" if nan else "inf", source=source,
             source_line=code, backward_node=None, forward_source=None, inputs=[], outputs=[(label, value.detach())],
             seq=self.ops_seen, label=label, module_class=module_class,
@@ -332,7 +333,7 @@ class Tracer(TorchDispatchMode):
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
         module_type, module_class = self.context.module_class(module)
         return self.lineage.add(OpEvent(
-            op=str(func), phase=phase, module=module, module_type=module_type if phase != "loss" else "",
+            op=str(func), phase=phase, module=module, module_type=module_type if phase != Phase.LOSS else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],

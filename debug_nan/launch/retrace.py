@@ -30,6 +30,7 @@ from debug_nan.checks.watch import param_and_state_tensors
 from debug_nan.checks.watch_result import Check
 from debug_nan.launch import command as commands
 from debug_nan.launch.hooks import Hooks, RunStopped
+from debug_nan.checks.vocabulary import Phase
 
 
 def same_bits(a: float, b: float) -> bool:
@@ -92,7 +93,7 @@ class Retrace:
         if self.trip["optimizer"] and step == self.target[0]:
             self.tracer = Tracer(self.model)
             self.tracer.__enter__()
-            self.tracer.phase_override = "optimizer"
+            self.tracer.phase_override = Phase.OPTIMIZER
             for name, t in param_and_state_tensors(self.model.named_parameters(), self.optimizer):
                 self.tracer.mark(t, name, "optimizer")
 

@@ -13,6 +13,7 @@ from debug_nan.checks.finding import Finding
 from debug_nan.checks.quiet import quiet_warnings
 from debug_nan.checks.stats import TensorStats
 from debug_nan.report.outputs import write_text_atomic
+from debug_nan.checks.vocabulary import Cause, Phase
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
@@ -24,13 +25,13 @@ def _wrap(label: str, text: str, width: int = 100) -> list[str]:
 
 def finding_lines(f: Finding) -> list[str]:
     lines = []
-    batch = "held-out batch" if f.phase == "eval" else "micro-batch"  # an eval finding: the pass after step S
+    batch = "held-out batch" if f.phase == Phase.EVAL else "micro-batch"  # an eval finding: the pass after step S
     lines += _wrap("where", f"step {f.step}, {batch} {f.micro_step}, phase {f.phase}"
                    + (f", rank {f.rank} (first to see it: rank(s) {', '.join(map(str, f.first_ranks))})"
                       if f.rank is not None else ""))
     if f.phase not in ("data", "loss"):
         lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
-    elif f.phase == "loss":
+    elif f.phase == Phase.LOSS:
         lines += _wrap("module", "none (the loss code, outside the model)")
     if f.op:
         lines += _wrap("operation", f"{f.op} -> first {f.kind.upper()}"
@@ -87,7 +88,7 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", e
             log(line)
     else:
         f = result.finding
-        if f.cause == "gradient_explosion":
+        if f.cause == Cause.GRADIENT_EXPLOSION:
             log(f"  status       NONFINITE AHEAD: a gradient explosion, caught before it overflowed{paren}", "red")
         else:
             log(f"  status       NONFINITE: the first {f.kind.upper()} was born here{paren}", "red")

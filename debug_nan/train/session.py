@@ -31,7 +31,7 @@ from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
 from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng
 from debug_nan.checks.stats import capture_batch
-from debug_nan.checks.vocabulary import adapt_advice
+from debug_nan.checks.vocabulary import Phase, adapt_advice
 from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
 from debug_nan.train.outcome import MicroOutcome
@@ -245,7 +245,7 @@ class StepSession:
         """The finding's repro bundle, written by the rank that pinpointed (the state is read from the snapshot)."""
         if finding is None or self.p.bundle_sink is None or finding.detected_by == "gradient history":
             return
-        optimizer = finding.phase == "optimizer" and o.previous is not None and o.check is not None \
+        optimizer = finding.phase == Phase.OPTIMIZER and o.previous is not None and o.check is not None \
             and o.check.kind == "param"
         inputs = o.previous if optimizer else o.inputs
         micro = len(inputs.batches) if optimizer else o.micro

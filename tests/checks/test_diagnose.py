@@ -194,3 +194,20 @@ def test_aam_wording_only_for_the_built_in_model():
     assert cause == "all_masked_softmax" and "positions 1 of sample S1 (1 of 3 along dim 1)" in explanation
     assert "ASV" not in explanation and "collate" not in explanation
     assert not any("--guards" in s or "AAM" in s for s in suggestions)
+
+
+def test_one_declared_vocabulary():
+    """Every cause has its suggestions and no suggestion list is for an undeclared cause; a finding with an
+    undeclared cause or phase cannot be made, and a declared one is kept as its plain string."""
+    from debug_nan.checks.causes.wording import SUGGESTIONS
+    from debug_nan.checks.finding import Finding
+    from debug_nan.checks.vocabulary import Cause, Phase
+
+    assert set(SUGGESTIONS) == {c.value for c in Cause}
+    fields = dict(step=1, micro_step=1, module="", module_type="", op=None, kind="nan", explanation="",
+                  source=None, suggestions=[])
+    f = Finding(phase=Phase.LOSS, cause=Cause.DIV_BY_ZERO, **fields)
+    assert (type(f.phase), type(f.cause), f.phase, f.cause) == (str, str, "loss", "div_by_zero")
+    for bad in ({"phase": "loss", "cause": "nan_happened"}, {"phase": "training", "cause": "unknown"}):
+        with pytest.raises(ValueError):
+            Finding(**bad, **fields)

@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from debug_nan.checks.causes.masking import first_input
 from debug_nan.checks.causes.principles import has_no_pole, magnitude
 from debug_nan.checks.events import OpEvent
+from debug_nan.checks.vocabulary import Cause
 
 # op -> the argument that is the log's argument (xlogy(x, y) = x * log(y))
 LOG_OPS = {"log": "self", "log_": "self", "log2": "self", "log2_": "self", "log10": "self", "log10_": "self",
@@ -57,7 +58,7 @@ def log_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         return None
     finite = x[torch.isfinite(x)] if x.is_floating_point() else None
     smallest = f"; smallest input {float(finite.min()):.4g}" if finite is not None and finite.numel() else ""
-    return "log_of_nonpositive", (f"{event.op} of {zeros} values equal to {low:g} (-> -inf) and {neg} below it "
+    return Cause.LOG_OF_NONPOSITIVE, (f"{event.op} of {zeros} values equal to {low:g} (-> -inf) and {neg} below it "
                                   f"(-> NaN) out of {x.numel()}{smallest}.")
 
 
@@ -68,7 +69,7 @@ def division_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         if zeros:
             num = event.inputs[1][1]
             both = _count((den == 0) & (num == 0)) if num.shape == den.shape else 0
-            return "div_by_zero", (f"{event.op}: the denominator `{event.inputs[2][0]}` is exactly 0 at {zeros} of "
+            return Cause.DIV_BY_ZERO, (f"{event.op}: the denominator `{event.inputs[2][0]}` is exactly 0 at {zeros} of "
                                    f"{den.numel()} positions ({both} of them 0/0 = NaN).")
         return None
     if name not in DIV_OPS:
@@ -82,7 +83,7 @@ def division_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         if event.scalars["other"] != 0 or x is None:
             return None
         zero_num = _count(x == 0)
-        return "div_by_zero", (f"{event.op}: division of {x.numel()} values by the number 0 ({zero_num} of them "
+        return Cause.DIV_BY_ZERO, (f"{event.op}: division of {x.numel()} values by the number 0 ({zero_num} of them "
                                f"0/0 = NaN, the rest x/0 = +-inf).")
     else:
         return None
@@ -93,7 +94,7 @@ def division_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         return None
     both = _count((den == 0) & (num == 0)) if num is not None and num.shape == den.shape else None
     extra = f" ({both} of them 0/0 = NaN, the rest x/0 = +-inf)" if both is not None else ""
-    return "div_by_zero", (f"{event.op}: the denominator {list(den.shape)} is exactly 0 at {zeros} of "
+    return Cause.DIV_BY_ZERO, (f"{event.op}: the denominator {list(den.shape)} is exactly 0 at {zeros} of "
                            f"{den.numel()} positions{extra}.")
 
 
@@ -118,10 +119,10 @@ def domain_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     else:
         bad, where = _count(x < 0), "x < 0"
     if bad:
-        return "invalid_domain", (f"{event.op} of {bad} of {x.numel()} inputs outside its domain ({where}); "
+        return Cause.INVALID_DOMAIN, (f"{event.op} of {bad} of {x.numel()} inputs outside its domain ({where}); "
                                   f"input range {float(x.min()):.4g}..{float(x.max()):.4g}.")
     if stem in ("rsqrt", "pow") and _count(x == 0):
-        return "div_by_zero", f"{event.op} of {_count(x == 0)} zeros: a negative power of 0 is infinite."
+        return Cause.DIV_BY_ZERO, f"{event.op} of {_count(x == 0)} zeros: a negative power of 0 is infinite."
     return None
 
 
@@ -134,7 +135,7 @@ def inf_arithmetic_rule(event: OpEvent) -> tuple[str, str] | None:
     if not infs:
         return None
     within = f" (in {event.backward_node})" if event.backward_node else ""
-    return "inf_arithmetic", (f"{event.op}{within} made NaN from inputs that already held infinities "
+    return Cause.INF_ARITHMETIC, (f"{event.op}{within} made NaN from inputs that already held infinities "
                               f"({'; '.join(infs)}): "
                               f"inf - inf, 0 * inf and inf / inf are NaN.")
 
@@ -172,13 +173,13 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
         n_ref = _count(torch.isinf(ref))
         stem = _stem(name)
         if stem in POLES:
-            return "invalid_domain", (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in "
+            return Cause.INVALID_DOMAIN, (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in "
                                       f"float64 {n_ref} are still Inf: not an overflow but a pole, {POLES[stem]}.")
         if has_no_pole(name, event):  # finite at every finite input: the value is merely too large for float64 too
-            return "overflow", (f"{event.op} turned finite inputs into {n_inf} Inf values, and recomputed in float64 "
+            return Cause.OVERFLOW, (f"{event.op} turned finite inputs into {n_inf} Inf values, and recomputed in float64 "
                                 f"{n_ref} are still Inf: {stem} has no pole at finite inputs, so this is an "
                                 f"overflow past float64's range as well{magnitude(name, event)}.")
-        return "unknown", (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in float64 {n_ref} "
+        return Cause.UNKNOWN, (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in float64 {n_ref} "
                            f"are still Inf: not an overflow of {str(dtype).replace('torch.', '')} but a value that is "
                            f"infinite at these inputs in any precision.")
     real_dtype = torch.empty(0, dtype=dtype).real.dtype
@@ -188,12 +189,12 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     reference = f"; recomputed in float64 the largest |result| is {float(ref.abs().max()):.4g}" \
         if ref is not None and ref.numel() else ""
     if ref is not None and ref.numel() and float(ref.abs().max()) <= limit:  # the result fits: a partial sum did not
-        return "overflow", (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
+        return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                             f"an intermediate (a partial sum or product) exceeded the "
                             f"{str(dtype).replace('torch.', '')} maximum {limit:.6g}, although the exact result "
                             f"fits ({float(ref.abs().max()):.4g} recomputed in float64): accumulating in "
                             f"{str(dtype).replace('torch.', '')} overflowed.")
-    return "overflow", (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
+    return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                         f"the result exceeds the {str(dtype).replace('torch.', '')} maximum {limit:.6g}{reference}.")
 
 
@@ -215,7 +216,7 @@ def normalization_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     limit = torch.finfo(x.dtype).max
     if peak * peak <= limit:  # the squares fit: something else went wrong
         return None
-    return "overflow", (f"{event.op} normalised values up to |x| = {peak:.4g}: their squares ({peak * peak:.3g}) "
+    return Cause.OVERFLOW, (f"{event.op} normalised values up to |x| = {peak:.4g}: their squares ({peak * peak:.3g}) "
                         f"exceed the {str(x.dtype).replace('torch.', '')} maximum {limit:.6g}, so the variance "
                         f"overflowed to Inf and the normalised output became {event.kind.upper()}. At finite inputs "
                         f"whose squares fit the op is always finite: the input is what grew too large.")

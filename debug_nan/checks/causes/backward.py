@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from debug_nan.checks.events import OpEvent
+from debug_nan.checks.vocabulary import Cause, Phase
 
 SINGULAR_BACKWARD = ("SqrtBackward", "RsqrtBackward", "PowBackward", "NormBackward", "LinalgVectorNormBackward",
                      "AcosBackward", "AsinBackward", "AtanhBackward", "CdistBackward", "LogBackward",
@@ -30,7 +31,7 @@ BACKWARD_FORMULA = {
 
 def singular_rule(event: OpEvent) -> tuple[str, str] | None:
     node_name = event.backward_node or ""
-    if event.phase != "backward" or not node_name.startswith(SINGULAR_BACKWARD):
+    if event.phase != Phase.BACKWARD or not node_name.startswith(SINGULAR_BACKWARD):
         return None
     fn = node_name.split("Backward")[0]
     formula = BACKWARD_FORMULA.get(fn, f"the derivative of {fn.lower()} is infinite there")
@@ -43,5 +44,5 @@ def singular_rule(event: OpEvent) -> tuple[str, str] | None:
                 evidence.append(f"its saved forward {name} is 0 at {zeros} of {saved.numel()} positions")
     at = f", forward at {event.forward_source}" if event.forward_source else ""
     detail = "; ".join(evidence) if evidence else "its forward input sits on the singular point"
-    return "grad_at_singularity", (f"Backward of {fn.lower()} ({node_name}{at}) made {event.kind.upper()} from "
+    return Cause.GRAD_AT_SINGULARITY, (f"Backward of {fn.lower()} ({node_name}{at}) made {event.kind.upper()} from "
                                    f"finite values: {detail}; {formula}.")

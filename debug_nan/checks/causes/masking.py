@@ -7,6 +7,7 @@ import torch
 
 from debug_nan.checks.causes.wording import describe_rows, is_builtin
 from debug_nan.checks.events import OpEvent
+from debug_nan.checks.vocabulary import Cause
 
 SOFTMAX_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax"}
 # the mask's name in each attention schema: the composite op and the CPU kernel take `attn_mask`, the fused CUDA
@@ -44,7 +45,7 @@ def softmax_rule(event: OpEvent, batch) -> tuple[str, str] | None:
         evidence += ", which are all padding (token 0) after the token-limited collate."
     else:
         evidence += "."
-    return "all_masked_softmax", evidence
+    return Cause.ALL_MASKED_SOFTMAX, evidence
 
 
 def attention_rule(event: OpEvent, batch) -> tuple[str, str] | None:
@@ -70,7 +71,7 @@ def attention_rule(event: OpEvent, batch) -> tuple[str, str] | None:
     rows = empty.reshape(empty.shape[0], -1).any(dim=1).nonzero().squeeze(1) if empty.dim() else None
     where = (describe_rows(rows, first, batch, aam=is_builtin(event))
              if rows is not None and empty.shape[0] == first else "some batch rows")
-    return "all_masked_softmax", (f"{event.op}: the attention mask `{arg}` {list(mask.shape)} leaves {n_rows} query "
+    return Cause.ALL_MASKED_SOFTMAX, (f"{event.op}: the attention mask `{arg}` {list(mask.shape)} leaves {n_rows} query "
                                   f"rows of {empty.numel()} with no key at all ({mask.shape[-1]} keys, every one "
                                   f"masked), and softmax over an empty set is 0/0 = NaN. Those rows belong to {where}.")
 
@@ -96,7 +97,7 @@ def fused_mask_rule(event: OpEvent, batch) -> tuple[str, str] | None:
     if rows is None or rows.numel() == 0:
         return None
     where = describe_rows(rows, empty.shape[0], batch, aam=is_builtin(event))
-    return "all_masked_softmax", (f"{event.op} ({FUSED_MASK_OPS[name]}, taken only under eval() + no_grad): its "
+    return Cause.ALL_MASKED_SOFTMAX, (f"{event.op} ({FUSED_MASK_OPS[name]}, taken only under eval() + no_grad): its "
                                   f"padding mask {list(mask.shape)} masks every one of the {mask.shape[-1]} keys "
                                   f"of {rows.numel()} rows of {empty.shape[0]}, and the fused kernel's softmax over "
                                   f"an empty set is 0/0 = NaN (training mode runs the composite path, whose softmax "
@@ -111,7 +112,7 @@ def deliberate_rule(event: OpEvent) -> tuple[str, str] | None:
     what = event.label or f"`{event.op}`"
     n = sum(int(torch.isinf(t).sum()) for _, t in event.outputs if t.is_floating_point() or t.is_complex())
     count = f" ({n} Inf values)" if event.outputs else ""
-    return "masked_value_used", (f"The Inf that {what} wrote on purpose{count}, a mask value, reached the harmed "
+    return Cause.MASKED_VALUE_USED, (f"The Inf that {what} wrote on purpose{count}, a mask value, reached the harmed "
                                  f"value itself: no op overflowed or divided by zero; a value the mask excluded was "
                                  f"still used downstream (a target or an action on a masked position, a sum or "
                                  f"product over masked scores).")

@@ -19,6 +19,7 @@ import math
 import torch
 
 from debug_nan.checks.events import OpEvent
+from debug_nan.checks.vocabulary import Cause
 
 # no pole at any finite input: an Inf can only be an overflow (of the result or of an intermediate)
 ENTIRE = {"exp", "exp2", "expm1", "sinh", "cosh", "mul", "add", "sub", "rsub", "addmm", "addmv", "addbmm",
@@ -84,7 +85,7 @@ def nan_from_finite_rule(event: OpEvent, name: str, float64: torch.Tensor | None
         at = torch.isnan(out)
         ref = float64[at] if not float64.is_complex() else torch.view_as_real(float64)[at]
         if ref.numel() and bool(torch.isfinite(ref).all()):
-            return "overflow", (f"{event.op} made {int(at.sum())} NaN from finite inputs, and recomputed in float64 "
+            return Cause.OVERFLOW, (f"{event.op} made {int(at.sum())} NaN from finite inputs, and recomputed in float64 "
                                 f"the same positions are finite: an intermediate value overflowed "
                                 f"{str(out.dtype).replace('torch.', '')} inside the op (inf - inf or 0 * inf).")
     for arg, t in event.inputs:
@@ -92,7 +93,7 @@ def nan_from_finite_rule(event: OpEvent, name: str, float64: torch.Tensor | None
         if zeros is not None:
             n, of = zeros
             which = "is all zeros" if of == 1 and n == 1 else f"has {n} all-zero slices along dim 0 (of {of})"
-            return "div_by_zero", (f"{event.op} made NaN from finite inputs, and its input `{arg}` {list(t.shape)} "
+            return Cause.DIV_BY_ZERO, (f"{event.op} made NaN from finite inputs, and its input `{arg}` {list(t.shape)} "
                                    f"{which}: normalising a zero vector by its norm (as weight norm does, "
                                    f"g * v / ||v||) is 0/0 = NaN.")
     return None

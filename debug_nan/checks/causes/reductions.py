@@ -8,6 +8,7 @@ import torch
 
 from debug_nan.checks.causes.masking import first_input
 from debug_nan.checks.events import OpEvent
+from debug_nan.checks.vocabulary import Cause
 
 VARIANCE_OPS = {"std", "var", "std_mean", "var_mean"}
 MEAN_OPS = {"mean"}
@@ -41,19 +42,19 @@ def zero_count_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
             correction = 1 if s.get("unbiased", True) else 0
         if n - float(correction) > 0:
             return None
-        return "div_by_zero", (f"{event.op} over {n} element{'s' if n != 1 else ''} per output with correction "
+        return Cause.DIV_BY_ZERO, (f"{event.op} over {n} element{'s' if n != 1 else ''} per output with correction "
                                f"{correction:g}: the variance divides by max(0, n - correction) = 0, so every output "
                                f"is 0/0 = NaN (input {list(x.shape)}, dim {s.get('dim')}).")
     if name in MEAN_OPS:
         n = _reduced_count(x, s.get("dim"))
         if n:
             return None
-        return "div_by_zero", (f"{event.op} of an empty selection: 0 elements per output (input {list(x.shape)}, "
+        return Cause.DIV_BY_ZERO, (f"{event.op} of an empty selection: 0 elements per output (input {list(x.shape)}, "
                                f"dim {s.get('dim')}), and a mean over 0 elements is 0/0 = NaN.")
     if name in MEAN_LOSSES:
         if s.get("reduction", MEAN) != MEAN or x.numel():
             return None
-        return "div_by_zero", (f"{event.op} of an empty selection: input {list(x.shape)} has 0 elements, and the "
+        return Cause.DIV_BY_ZERO, (f"{event.op} of an empty selection: input {list(x.shape)} has 0 elements, and the "
                                f"'mean' reduction divides the sum by that count: 0/0 = NaN.")
     if name in NLL_OPS:
         return _nll_rule(event, x)
@@ -70,13 +71,13 @@ def _nll_rule(event: OpEvent, x: torch.Tensor) -> tuple[str, str] | None:
     n_kept = int(kept.sum())
     weight = dict(event.inputs).get("weight")
     if n_kept == 0:
-        return "div_by_zero", (f"{event.op}: every one of the {target.numel()} targets equals ignore_index={ignore}, "
+        return Cause.DIV_BY_ZERO, (f"{event.op}: every one of the {target.numel()} targets equals ignore_index={ignore}, "
                                f"so the 'mean' reduction divides a sum over 0 targets by a total weight of 0: "
                                f"0/0 = NaN.")
     if weight is not None:
         total = float(weight[target[kept]].sum())
         if total == 0:
-            return "div_by_zero", (f"{event.op}: the {n_kept} targets that are not ignore_index={ignore} all have "
+            return Cause.DIV_BY_ZERO, (f"{event.op}: the {n_kept} targets that are not ignore_index={ignore} all have "
                                    f"class weight 0, so the 'mean' reduction divides by a total weight of 0: "
                                    f"0/0 = NaN.")
     return None
@@ -102,5 +103,5 @@ def ctc_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
                f"{', '.join(infeasible[:6])}{' ...' if len(infeasible) > 6 else ''}")
     else:
         why = "-log(0): the lengths allow an alignment, so the log-probabilities of the labels it needs were 0"
-    return "infeasible_target", (f"{event.op} is +inf: the target sequence has probability 0 under the model, so "
+    return Cause.INFEASIBLE_TARGET, (f"{event.op} is +inf: the target sequence has probability 0 under the model, so "
                                  f"the loss is {why}. This is not an overflow.")

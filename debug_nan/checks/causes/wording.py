@@ -7,69 +7,70 @@ import torch
 
 from debug_nan.checks.events import OpEvent
 from debug_nan.checks.stats import flat_tensors
+from debug_nan.checks.vocabulary import Cause
 
 BUILTIN_MODEL_PACKAGE = "debug_nan.model."
 
 SUGGESTIONS = {
-    "all_masked_softmax": [
+    Cause.ALL_MASKED_SOFTMAX: [
         "Guard rows with no valid key before the softmax (give them one key, or skip them), not after it: "
         "zeroing the output with torch.where still leaks NaN into the gradients.",
         "Drop all-padding rows before the encoder (pack the valid rows) or make the collate never emit empty rows.",
     ],
-    "log_of_nonpositive": [
+    Cause.LOG_OF_NONPOSITIVE: [
         "Clamp the argument: torch.log(x.clamp_min(eps)), or use log_softmax / logsumexp instead of log(softmax).",
         "Check why the value reached 0 or below (an underflowing probability, a zero count, a ReLU output).",
     ],
-    "div_by_zero": [
+    Cause.DIV_BY_ZERO: [
         "Add an epsilon to the denominator or clamp it: x / (s + eps), x / s.clamp_min(eps).",
         "Check for empty groups: a sum over zero elements (masked row, empty sample) is 0, a mean over zero "
         "elements (an empty selection, every target equal to ignore_index) is 0/0.",
         "std/var of a single element with correction=1 (the default) is 0/0: use correction=0 or require n > 1.",
     ],
-    "invalid_domain": [
+    Cause.INVALID_DOMAIN: [
         "Clamp the input into the function's domain: sqrt(x.clamp_min(0)), acos(x.clamp(-1 + eps, 1 - eps)).",
         "A fractional power of a negative number is NaN: use x.abs() or a sign-preserving form.",
         "At a pole (atanh(+-1), lgamma(0), erfinv(+-1)) the value is infinite in any precision: keep the input "
         "strictly inside the domain.",
     ],
-    "grad_at_singularity": [
+    Cause.GRAD_AT_SINGULARITY: [
         "Keep the forward away from the singular point: sqrt(x + eps) or sqrt(x.clamp_min(eps)) instead of "
         "sqrt(x); for distances use torch.cdist on x, or add eps inside the norm.",
         "If the singular entries are masked out of the loss (e.g. a distance matrix's diagonal), mask them "
         "before the sqrt/norm: 0 * inf is still NaN.",
     ],
-    "overflow": [
+    Cause.OVERFLOW: [
         "Lower the learning rate or clip gradients (--max-grad-norm) if weights grew; check initialisation.",
         "Run the op in float32 (autocast excludes it, or .float()) or use --precision bf16, whose range is fp32's.",
         "Normalise before the op (LayerNorm, scaled dot products / sqrt(d)); use logsumexp instead of exp().sum().",
     ],
-    "inf_arithmetic": [
+    Cause.INF_ARITHMETIC: [
         "An Inf reached arithmetic (inf - inf, 0 * inf, inf / inf): find where the Inf came from and stop it there.",
         "For masks, use a large finite negative (torch.finfo(dtype).min / 2) instead of -inf if rows can be empty.",
     ],
-    "infeasible_target": [
+    Cause.INFEASIBLE_TARGET: [
         "The target has probability 0 under the model: for CTC, every input must be at least as long as its "
         "target plus its repeated labels; drop or truncate the samples that are not, or pass zero_infinity=True.",
         "Check the lengths and the target encoding (blank index, padding values) of the samples named above.",
     ],
-    "masked_value_used": [
+    Cause.MASKED_VALUE_USED: [
         "A value the mask excluded was still used: a target or an action on a masked position, or a sum over "
         "masked scores. Select after masking only where the mask allows, or mask the loss terms too.",
         "Use a large finite negative (torch.finfo(dtype).min / 2) instead of -inf for the mask value.",
     ],
-    "nonfinite_input": [
+    Cause.NONFINITE_INPUT: [
         "Filter or repair the data: the batch itself holds NaN/Inf before the model sees it.",
         "Check the preprocessing that produced this key (division by zero totals, log of zero, missing values).",
     ],
-    "nonfinite_parameter": [
+    Cause.NONFINITE_PARAMETER: [
         "Lower the learning rate, add warmup, or clip gradients (--max-grad-norm).",
         "Check optimizer hyperparameters (eps too small, betas) and the gradient magnitudes in the history table.",
     ],
-    "gradient_explosion": [
+    Cause.GRADIENT_EXPLOSION: [
         "Lower the learning rate (e.g. 10x) or lengthen warmup; clip gradients with --max-grad-norm 1.0.",
         "Look at the parameter with the largest gradient in the history table: add normalisation around it.",
     ],
-    "unknown": [
+    Cause.UNKNOWN: [
         "Read the op, module and input statistics above; rerun with --trace-every-step for the layer trace.",
     ],
 }
@@ -84,7 +85,7 @@ ALL_IGNORED_SUGGESTIONS = [
 ]
 # only for an origin inside the built-in model (debug_nan.model): advice in the built-in pipeline's own terms
 BUILTIN_SUGGESTIONS = {
-    "all_masked_softmax": ["For the built-in AAM pipeline: run with --guards (the default)."],
+    Cause.ALL_MASKED_SOFTMAX: ["For the built-in AAM pipeline: run with --guards (the default)."],
 }
 
 
