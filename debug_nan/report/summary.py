@@ -80,8 +80,8 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", e
     if result.interrupted:
         log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}{code}); what ran until then:")
     if result.status == "clean":
-        log(f"  status       CLEAN: {result.steps_run} step(s) ran, the loss, every gradient and every "
-            f"parameter stayed finite ({elapsed:.1f} s).", "green")
+        log(f"  status       CLEAN: {result.steps_run} step(s), {elapsed:.1f} s; the loss, every gradient and every "
+            f"parameter finite", "green")
     elif result.status == "error":
         log(f"  status       ERROR after {result.steps_run} step(s){paren}", "red")
         for line in _wrap("error", result.error or ""):
