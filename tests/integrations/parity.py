@@ -88,6 +88,25 @@ def build(name):
     return model, batches, optimizer
 
 
+def lightning_module(model, make_optimizer):
+    """A LightningModule holding `model` as `model`, whose training_step is lm_loss (Lightning imported here: the
+    `--task` plug-ins above do not need it)."""
+    import lightning.pytorch as pl
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            return lm_loss(self.model, batch)
+
+        def configure_optimizers(self):
+            return make_optimizer(self.model.parameters())
+
+    return Lit()
+
+
 def _task(name):
     def make():
         model, batches, optimizer = build(name)

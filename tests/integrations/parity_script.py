@@ -34,21 +34,10 @@ elif framework == "lightning":
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    class Lit(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, batch_idx):
-            return parity.lm_loss(self.model, batch)
-
-        def configure_optimizers(self):
-            return make_optimizer(self.model.parameters())
-
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    trainer.fit(Lit(), DataLoader(batches, batch_size=None))
+    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None))
     print(f"trained {trainer.global_step} steps")
 else:
     import transformers

@@ -92,22 +92,11 @@ def via_lightning(name, run_cli, tmp_path):
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     model, batches, make_optimizer = parity.build(name)
 
-    class Lit(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch, batch_idx):
-            return parity.lm_loss(self.model, batch)
-
-        def configure_optimizers(self):
-            return make_optimizer(self.model.parameters())
-
     callback = LightningCallback()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[callback])
-    trainer.fit(Lit(), DataLoader(batches, batch_size=None))
+    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None))
     if callback.finding is None:
         return None
     found = callback.finding.to_dict()
