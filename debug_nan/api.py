@@ -36,6 +36,7 @@ import torch
 from debug_nan.checks.driver import TaskFailure
 from debug_nan.checks.finding import Finding
 from debug_nan.report.summary import finding_lines
+from debug_nan.train.precision import scaled_step
 from debug_nan.train.session import SessionPolicies, StepSession
 from debug_nan.train.task import split_loss
 
@@ -91,15 +92,9 @@ class Monitor:
 
     def optimizer_step(self) -> None:
         """Your loop's update as the monitor was told it: unscale (scaler), clip (max_grad_norm), step."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)) \
+            if self.max_grad_norm else None
+        scaled_step(self.optimizer, self.scaler, clip)
 
     def average_gradients(self) -> None:
         pass  # a single process

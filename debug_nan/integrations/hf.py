@@ -35,6 +35,7 @@ from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
 from debug_nan.integrations.outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
+from debug_nan.train.precision import scaled_step
 from debug_nan.train.task import split_loss
 
 
@@ -86,16 +87,10 @@ class HFMonitor(FrameworkMonitor):
 
     def optimizer_step(self) -> None:
         """As the Trainer at the end of a step: unscale (fp16), clip at max_grad_norm, step."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
         max_norm = self.trainer.args.max_grad_norm
-        if max_norm and max_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)) \
+            if max_norm and max_norm > 0 else None
+        scaled_step(self.optimizer, self.scaler, clip)
 
     def watch_step_loss(self, loss: torch.Tensor) -> None:
         """training_step returns the loss it back-propagated (divided by the accumulation, unless normalised by

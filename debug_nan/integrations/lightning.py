@@ -35,6 +35,7 @@ from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
 from debug_nan.integrations.outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.integrations.session import FrameworkMonitor
+from debug_nan.train.precision import scaled_step
 from debug_nan.train.task import split_loss
 
 PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
@@ -77,16 +78,10 @@ class LightningMonitor(FrameworkMonitor):
     def optimizer_step(self) -> None:
         """As Lightning's precision plugin: unscale (fp16), clip (configure_gradient_clipping), step."""
         t = self.trainer
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if t.gradient_clip_val:
-            self.module.configure_gradient_clipping(self.optimizer, gradient_clip_val=t.gradient_clip_val,
-                                                    gradient_clip_algorithm=t.gradient_clip_algorithm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        clip = (lambda: self.module.configure_gradient_clipping(
+            self.optimizer, gradient_clip_val=t.gradient_clip_val, gradient_clip_algorithm=t.gradient_clip_algorithm)) \
+            if t.gradient_clip_val else None
+        scaled_step(self.optimizer, self.scaler, clip)
 
     def raw_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """on_before_backward's loss is divided by the accumulation (and times the fp16 scale): undo both on the

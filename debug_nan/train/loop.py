@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
-from debug_nan.checks.driver import StepInputs, TaskFailure, is_out_of_memory
+from debug_nan.checks.driver import TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.stats import move_to
 from debug_nan.checks.watch import Watch
@@ -34,7 +34,7 @@ from debug_nan.train.evaluate import EvalPass
 from debug_nan.train.distributed import DistContext, agree_on_setup, average_gradients, wrap_ddp
 from debug_nan.train.overlap import OverlappedAllReduce
 from debug_nan.train.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
-from debug_nan.train.precision import Precision
+from debug_nan.train.precision import Precision, scaled_step
 from debug_nan.train.recipe import build_recipe, enter_training_mode
 from debug_nan.train.session import SessionPolicies, StepSession
 from debug_nan.train.unreplayed import InterruptedPinpoint
@@ -84,7 +84,6 @@ class Trainer:
             agree_on_setup(dist_ctx, self.device, None)  # makes the runner call the same agreement: all raise)
             self.wrapped = wrap_ddp(self.model, self.device)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
-        self.agree_codes = self.agreement.agree_codes if self.agreement is not None else None  # for watch.sync
 
     @property
     def save_repro(self):
@@ -130,11 +129,7 @@ class Trainer:
             total = torch.linalg.vector_norm(torch.stack([n.to(self.device) for n in norms]))
             torch._foreach_mul_(grads, torch.clamp(clip / (total + 1e-6), max=1.0).to(grads[0].device))
         # the optimizer is stepped here, in the loop: the tracer shows an origin in it at torch's own line
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        scaled_step(self.optimizer, self.scaler)  # (unscaled already: the watch and clipping read true gradients)
         self.step_schedule()
 
     def step_schedule(self) -> None:

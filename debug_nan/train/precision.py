@@ -14,6 +14,27 @@ import torch
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def unscaled(scaler, optimizer) -> bool:
+    """Has scaler.unscale_(optimizer) run in this step (the gradients hold their true values)?"""
+    from torch.amp.grad_scaler import OptState
+
+    return scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
+def scaled_step(optimizer, scaler=None, clip=None) -> None:
+    """An optimizer step as a GradScaler loop takes it: unscale (unless done already this step), `clip()` the true
+    gradients, step through the scaler (it skips a step whose gradients are non-finite) and update the scale."""
+    if scaler is not None and not unscaled(scaler, optimizer):
+        scaler.unscale_(optimizer)
+    if clip is not None:
+        clip()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
 class Precision:
     def __init__(self, name: str, device: torch.device):
         self.name = name

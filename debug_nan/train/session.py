@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from debug_nan.checks.driver import StepInputs, TaskFailure
+from debug_nan.checks.driver import StepInputs
 from debug_nan.checks.finding import Finding, explosion_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
@@ -35,6 +35,7 @@ from debug_nan.checks.vocabulary import Phase, adapt_advice
 from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
 from debug_nan.train.outcome import MicroOutcome
+from debug_nan.train.precision import unscaled
 from debug_nan.train.repro import repro_state
 from debug_nan.train.unreplayed import interrupted_pinpoint, unreplayed_finding
 
@@ -51,7 +52,8 @@ class SessionPolicies:
     # for the explosion check and clipping (the Trainer's overlapped all-reduce)
     bundle_sink: Callable[[dict], str] | None = None  # writes a repro bundle, returns its path
     explosion: tuple[float, float] | None = (1e4, 1e3)  # (threshold, growth) of the gradient-norm explosion check
-    dialect: str = "cli"  # the advice's wording: "cli" (flags) or "api" (Python arguments)
+    dialect: str = "cli"  # the advice's wording (checks/vocabulary.DIALECTS): "cli" flags, or the arguments of
+    # "api" (the Monitor, debug-nan run), "lightning" or "hf"
     snapshot_mode: str = "host"
     scheduler: object | None = None  # restored by a replay with the rest of the state
 
@@ -107,11 +109,7 @@ class StepSession:
 
     def _inverse_scale(self) -> torch.Tensor | None:
         s = self.scaler
-        if s is None or getattr(s, "_scale", None) is None or self.optimizer is None:
-            return None
-        from torch.amp.grad_scaler import OptState
-
-        if s._per_optimizer_states[id(self.optimizer)]["stage"] is OptState.UNSCALED:
+        if s is None or getattr(s, "_scale", None) is None or self.optimizer is None or unscaled(s, self.optimizer):
             return None
         return s._scale.reciprocal()
 
@@ -279,7 +277,7 @@ class StepSession:
         the scaler's per-step record come back exactly as they were."""
         params = list(self.model.parameters())
         grads = [p.grad for p in params]
-        buffers = [b.detach().clone() for b in self.model.buffers()]
+        buffers = [b.detach().clone() for b in self.model.buffers()]  # (the snapshot's buffer list, in its order)
         rng = capture_rng(self.device)
         scaler_record = self.scaler._per_optimizer_states if self.scaler is not None else None
         try:
@@ -287,12 +285,10 @@ class StepSession:
         finally:
             for p, g in zip(params, grads):
                 p.grad = g
-            with torch.no_grad():
-                for b, saved in zip(self.model.buffers(), buffers):
-                    b.copy_(saved)
+            self.snapshot.put_back_buffers(buffers)
             restore_rng(rng, self.device)
             if self.scaler is not None:
                 self.scaler._per_optimizer_states = scaler_record
 
 
-__all__ = ["SessionPolicies", "StepSession", "TaskFailure"]
+__all__ = ["SessionPolicies", "StepSession"]

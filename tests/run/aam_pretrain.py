@@ -15,7 +15,6 @@ import os
 import sys
 import types
 from importlib.machinery import ModuleSpec
-from pathlib import Path
 
 import torch
 
