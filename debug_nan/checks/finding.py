@@ -14,8 +14,6 @@ from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.vocabulary import Cause, PHASE_OF_KIND, Phase
 from debug_nan.checks.watch import Check
 
-CAUSES = tuple(c.value for c in Cause)  # declared in checks/vocabulary.py
-PHASES = tuple(p.value for p in Phase)
 
 
 @dataclass

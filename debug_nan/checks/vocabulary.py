@@ -64,19 +64,16 @@ _FLAG_WORDS = {
     "--warmup-steps": {"api": "a warmup schedule", "lightning": "a warmup schedule in configure_optimizers",
                        "hf": "TrainingArguments(warmup_steps=...)"},
 }
-_FLAGS = re.compile("|".join(re.escape(f) for f in sorted(_FLAG_WORDS, key=len, reverse=True)) + r"(?:\s+[\d.]+)?")
+# a flag and the value it was shown with ("--max-grad-norm 1.0"); longer flags first ("--precision bf16")
+_FLAGS = re.compile("(?P<flag>" + "|".join(re.escape(f) for f in sorted(_FLAG_WORDS, key=len, reverse=True))
+                    + r")(?:\s+\d+(?:\.\d+)?)?")
 
 
 def in_dialect(text: str, dialect: str) -> str:
     """`text` written for the CLI, in the words of `dialect` (unchanged for "cli")."""
     if dialect == "cli" or not text:
         return text
-
-    def word(match: re.Match) -> str:
-        flag = next(f for f in sorted(_FLAG_WORDS, key=len, reverse=True) if match.group(0).startswith(f))
-        return _FLAG_WORDS[flag].get(dialect, match.group(0))
-
-    return _FLAGS.sub(word, text)
+    return _FLAGS.sub(lambda m: _FLAG_WORDS[m.group("flag")].get(dialect, m.group(0)), text)
 
 
 def adapt_advice(finding, dialect: str):

@@ -211,3 +211,15 @@ def test_one_declared_vocabulary():
     for bad in ({"phase": "loss", "cause": "nan_happened"}, {"phase": "training", "cause": "unknown"}):
         with pytest.raises(ValueError):
             Finding(**bad, **fields)
+
+
+def test_advice_in_each_entry_points_words():
+    """A CLI flag (and the value shown with it) becomes what that entry point's user sets; the sentence around it
+    stays whole."""
+    from debug_nan.checks.vocabulary import in_dialect
+
+    text = "Clip with --max-grad-norm 1.0. Or use --precision bf16."
+    assert in_dialect(text, "cli") == text
+    assert in_dialect(text, "hf") == "Clip with TrainingArguments(max_grad_norm=...). Or use TrainingArguments(bf16=True)."
+    assert in_dialect(text, "api") == ("Clip with torch.nn.utils.clip_grad_norm_ before optimizer.step(). Or use "
+                                       "torch.autocast(dtype=torch.bfloat16).")
