@@ -142,10 +142,15 @@ class History:
                 if series.last == rec.step and rec.step not in series.harmed and len(series.harmed) < MAX_RUNS:
                     series.harmed.append(rec.step)
         if last:
-            grads = result.values("grad")
-            rec.grad_norms = grads
-            if grads:
-                rec.grad_norm = math.sqrt(sum(v * v for v in grads.values()))
+            self.step_gradients(rec, result)
+
+    @staticmethod
+    def step_gradients(rec: StepRecord, result: MicroResult | None) -> None:
+        """The step's gradient norms: those read after its last micro-batch (accumulated over the step)."""
+        grads = result.values("grad") if result is not None else {}
+        rec.grad_norms = grads
+        if grads:
+            rec.grad_norm = math.sqrt(sum(v * v for v in grads.values()))
 
     def nonfinite_notes(self) -> list[str]:
         """One line per module output / batch key that held NaN or Inf, e.g. "`block.bias` output holds -inf in

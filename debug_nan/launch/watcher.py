@@ -53,10 +53,7 @@ class RunHistory(History):
 
     def close(self, rec) -> None:
         """The step's optimizer step came: its gradient norms are those of its last micro-batch (accumulated)."""
-        grads = self.last.values("grad") if self.last is not None else {}
-        rec.grad_norms = grads
-        if grads:
-            rec.grad_norm = math.sqrt(sum(v * v for v in grads.values()))
+        self.step_gradients(rec, self.last)
         rec.finish()
 
 
