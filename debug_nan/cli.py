@@ -19,7 +19,7 @@ import click
 
 import debug_nan
 from debug_nan.cli_help import format_grouped_options
-from debug_nan.cli_options import run_options
+from debug_nan.cli_options import DEFAULTS, run_options
 from debug_nan.errors import InputError
 from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
@@ -105,9 +105,12 @@ def _values(config: str | None, flags: dict) -> dict:
 
 def _report_in_argv(args: list[str]) -> tuple[str | None, int | None, bool]:
     """(--report's value, its index in args, whether --report appeared at all) from raw arguments Click could not
-    parse."""
+    parse. Only debug-nan's own: after `--` the words are the user's command (`debug-nan run -- train.py --report
+    R`), whose R is an input."""
     report, where, seen = None, None, False
     for k, arg in enumerate(args):
+        if arg == "--":
+            break
         if arg == "--report":
             seen = True
             if k + 1 < len(args) and not args[k + 1].startswith("-"):
@@ -115,6 +118,12 @@ def _report_in_argv(args: list[str]) -> tuple[str | None, int | None, bool]:
         elif arg.startswith("--report="):
             seen, report, where = True, arg.split("=", 1)[1] or None, k
     return report, where, seen
+
+
+def _argv_paths(args: list[str], skip: int | None = None) -> dict[str, str]:
+    """Every existing path named on the command line (but the word at index `skip`: --report's own value), as
+    inputs that no output may overwrite: the options were not parsed, or belong to the user's command."""
+    return {f"argument {a}": a for k, a in enumerate(args) if k != skip and not a.startswith("-") and os.path.lexists(a)}
 
 
 def usage_error(exc: click.ClickException, args: list[str]) -> None:
@@ -129,9 +138,8 @@ def usage_error(exc: click.ClickException, args: list[str]) -> None:
     report, where, seen = _report_in_argv(args)
     if report and _main_rank():
         config = next((args[k + 1] for k, a in enumerate(args[:-1]) if a == "--config"), None)
-        named = {f"argument {a}": a for k, a in enumerate(args)
-                 if k != where and not a.startswith("-") and os.path.lexists(a)}
-        write_error_report_safely(report, message, {**job_inputs(_values(config, {}), config), **named}, {})
+        write_error_report_safely(report, message, {**job_inputs(_values(config, {}), config),
+                                                    **_argv_paths(args, where)}, {})
     elif seen:
         click.echo("debug-nan: note: no error report written: the value of --report could not be read from the "
                    "command line.", err=True)
@@ -153,11 +161,9 @@ class DebugNanGroup(click.Group):
         except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C (or SIGTERM) while Click set up or parsed
             interrupt = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
             click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
-            report = _report_in_argv(args)[0]
+            report, where, _ = _report_in_argv(args)
             if report and _main_rank():
-                named = {f"argument {a}": a for a in args
-                         if a != report and not a.startswith("-") and os.path.lexists(a)}
-                write_interrupted_report_safely(report, interrupt, named, {})
+                write_interrupted_report_safely(report, interrupt, _argv_paths(args, where), {})
             sys.exit(interrupts.interrupt_code(interrupt))
         if not standalone_mode:
             return code
@@ -239,9 +245,9 @@ def replay(bundle, device, report, log_path):
               help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop the command after this many optimizer steps, with a clean summary.")
-@click.option("--explosion-threshold", type=float, default=1e4, show_default=True,
+@click.option("--explosion-threshold", type=float, default=DEFAULTS.explosion_threshold, show_default=True,
               help="Gradient norm that counts as an explosion (with growth).")
-@click.option("--explosion-growth", type=float, default=1e3, show_default=True,
+@click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
               help="...and growth over the smallest earlier norm.")
 @click.option("--deterministic", is_flag=True,
               help="torch.use_deterministic_algorithms(True) in the command and its re-execution (a GPU's atomic "
@@ -259,14 +265,15 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     from debug_nan.launch.job import RunOptions, run_command
 
     options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
+    inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
-        check_output_paths({"--report": report, "--log": log_path}, {})
+        check_output_paths({"--report": report, "--log": log_path}, inputs)
         code = run_command(list(command), options)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2
     except InputError as exc:
-        fail(str(exc), report, {}, {"--log": log_path} if log_path else {})
+        fail(str(exc), report, inputs, {"--log": log_path} if log_path else {})
     except KeyboardInterrupt as exc:
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
         code = interrupts.interrupt_code(exc)

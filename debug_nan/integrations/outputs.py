@@ -55,8 +55,11 @@ class Outputs:
         return self.log
 
     def conclude(self, monitor, settings: RunSettings, integration: dict, write: bool = True,
-                 error: BaseException | None = None, interrupted: bool = False, rank: int = 0) -> RunResult:
-        """The summary block and the JSON report, once per run (later calls return the first result)."""
+                 error: BaseException | None = None, interrupted: bool = False, rank: int = 0,
+                 exit_code=None) -> RunResult:
+        """The summary block and the JSON report, once per run (later calls return the first result).
+        `exit_code(result)`: the process's exit code where the caller decides it (debug-nan run); else the report's
+        exit_code is null, the framework's to decide."""
         if self.result is not None:
             return self.result
         optimizer = monitor.optimizer
@@ -80,7 +83,7 @@ class Outputs:
             path = self.report if rank == 0 else _rank_path(self.report, rank)
             data = report_dict(result, settings, monitor.device, elapsed)
             data["integration"] = integration
-            data["exit_code"] = None  # the process's exit code is the framework's (and the script's) to decide
+            data["exit_code"] = exit_code(result) if exit_code is not None else None
             try:
                 write_report(path, data)
                 self.log(f"JSON report written to {path}")

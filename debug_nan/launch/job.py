@@ -9,7 +9,6 @@ run exits with the script's own code.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -27,7 +26,8 @@ from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_r
 from debug_nan.launch.watcher import RunMonitor
 from debug_nan.report import interrupts
 from debug_nan.report.log import Log, error_line
-from debug_nan.report.summary import exit_code, write_report
+from debug_nan.report.summary import exit_code
+from debug_nan.settings import RunSettings
 
 MECHANISM = "re-execution of the command (same random state, losses compared bit for bit)"
 
@@ -37,8 +37,8 @@ class RunOptions:
     report: str | None = None
     log: str | None = None
     max_steps: int | None = None
-    explosion_threshold: float = 1e4
-    explosion_growth: float = 1e3
+    explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
+    explosion_growth: float = RunSettings.explosion_growth
     deterministic: bool = False  # torch.use_deterministic_algorithms in the run and its re-execution
 
 
@@ -140,7 +140,7 @@ def run_command(words: list[str], options: RunOptions) -> int:
     elif not m.stopped and interrupted is None and error is None:
         m.finish()
     if m.pending is not None:
-        _pinpoint(m, words, cwd, rng, log, options.deterministic)
+        interrupted = _pinpoint(m, words, cwd, rng, log, options.deterministic) or interrupted
     if error is not None and not m.findings:
         _script_traceback(error)
         log(error_line(f"the command raised {describe_exception(error)}; the watch saw no NaN/Inf before it, so "
@@ -150,27 +150,21 @@ def run_command(words: list[str], options: RunOptions) -> int:
         m.error = describe_exception(error)
     settings = m.s
     settings.max_steps = max(1, m.steps_run)
+
+    def final(result) -> int:  # the script's own code for a clean run
+        return (interrupts.interrupt_code(interrupted) if interrupted is not None
+                else code if result.status == "clean" else exit_code(result))
+
     result = outputs.conclude(m, settings, {"framework": "debug-nan run", "command": words, "kind": command.kind,
                                             "pinpoint": MECHANISM, "exit_code_of_command": code},
-                              interrupted=interrupted is not None)
-    final = (interrupts.interrupt_code(interrupted) if interrupted is not None
-             else code if result.status == "clean" else exit_code(result))
-    _report_exit_code(options.report, final)
-    return final
+                              interrupted=interrupted is not None, exit_code=final)
+    return final(result)
 
 
-def _report_exit_code(path: str | None, code: int) -> None:
-    """The report's exit_code, which the framework outputs leave open: here it is known (the script's own for a
-    clean run)."""
-    if not path or not os.path.exists(path):
-        return
-    with open(path) as f:
-        data = json.load(f)
-    data["exit_code"] = code
-    write_report(path, data)
-
-
-def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, deterministic: bool) -> None:
+def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log,
+              deterministic: bool) -> KeyboardInterrupt | None:
+    """The trip's finding, by re-executing the command under the tracer. Returns the interrupt that stopped the
+    re-execution, if any (the watch's finding then stands, without the op)."""
     trip = m.pending
     check = trip.check
     where = f"step {trip.step}, micro-batch {trip.micro}"
@@ -183,7 +177,13 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
     phase = "its optimizer step" if trip.optimizer else "forward, loss, backward"
     log(f"  [pinpoint] mechanism: {MECHANISM}. Re-running the command with the op-level tracer on at {where} "
         f"({phase})...")
-    answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic)
+    interrupted = None
+    try:
+        answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic)
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the trip the watch saw still stands
+        interrupted = exc
+        answer = {"missing": f"the re-execution was interrupted ({interrupts.interrupt_name(exc)}) before it named "
+                             f"the op"}
     finding: Finding | None = None
     if "finding" in answer:
         finding = Finding(**answer["finding"])
@@ -206,3 +206,4 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
             m.error = describe_exception(trip.error)
     if finding is not None:
         m.findings.append(adapt_advice(finding, m.dialect))  # the advice in a script author's words, not flags
+    return interrupted

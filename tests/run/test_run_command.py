@@ -161,3 +161,40 @@ def test_a_re_execution_that_never_reaches_the_trip_leaves_the_watch_finding(tmp
     assert (done.first["step"], done.first["micro_step"], done.first["op"], done.first["detected_by"]) == (
         3, 1, None, "watch")
     assert "the re-execution ended (exit 0) without reaching step 3, micro-batch 1" in " ".join(stderr.split())
+
+
+def test_no_output_is_written_over_the_command_or_its_files(tmp_path, run_here):
+    """--report naming the script, and a usage error whose only --report is the user's own (after `--`): exit 2,
+    and the script and the user's results file are untouched."""
+    from click.testing import CliRunner
+
+    from debug_nan.cli import main
+
+    (tmp_path / "train.py").write_text(RAISES)
+    (tmp_path / "results.json").write_text('{"mine": 1}')
+    result = CliRunner().invoke(main, ["run", "--report", "train.py", "--", "python", "train.py"])
+    assert result.exit_code == 2 and "train.py" in result.output
+    assert (tmp_path / "train.py").read_text() == RAISES
+    result = CliRunner().invoke(main, ["run", "--max-steps", "0", "--", "python", "train.py", "--report",
+                                       "results.json"])
+    assert result.exit_code == 2
+    assert (tmp_path / "results.json").read_text() == '{"mine": 1}'
+
+
+def test_an_interrupted_re_execution_keeps_the_watch_finding(tmp_path, run_here, monkeypatch):
+    """Ctrl-C while the command is re-executed under the tracer: the trip the watch saw is reported (no op),
+    the run is marked interrupted, exit 130."""
+    import debug_nan.launch.job as job
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(job, "reexecute", interrupted)
+    quiet = RAISES.replace("    if torch.isnan(loss):\n        raise ValueError(\"the loss is NaN\")\n", "")
+    assert quiet != RAISES
+    (tmp_path / "nan.py").write_text(quiet)
+    done, _, stderr = run_here("python", "nan.py")
+    assert done.code == 130, done.output
+    assert (done.report["status"], done.report["interrupted"], done.report["exit_code"]) == ("nonfinite", True, 130)
+    assert (done.first["step"], done.first["op"], done.first["detected_by"]) == (3, None, "watch")
+    assert "the re-execution was interrupted (Ctrl-C) before it named the op" in " ".join(stderr.split())
