@@ -74,7 +74,7 @@ def interrupted_result(b: dict, exc: BaseException, notes: list[str]) -> RunResu
     NaN bundle), said to be the recorded one."""
     try:
         recorded = Finding(**b["finding"])
-    except TypeError:  # a finding of another layout: the words alone
+    except (TypeError, ValueError):  # a finding of another layout or vocabulary (a newer debug-nan): the words alone
         recorded = None
     notes = [*notes, f"The replay was interrupted ({interrupt_name(exc)}) before it finished: the finding above is "
                      f"the one the bundle recorded, not confirmed by this replay."]

@@ -91,5 +91,5 @@ if [[ "${DEBUG_NAN_CONSTRAINTS:-}" != 0 ]] && [[ "$PY" != python || "${CI:-}" ==
     CONSTRAINTS=(-c constraints.txt)
     echo "setup: test extras pinned to the tested versions in constraints.txt"
 fi
-pip_ install -q -e ".[test]" "${CONSTRAINTS[@]}"
+pip_ install -q -e ".[test]" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"}  # (an empty array is unbound under set -u in bash < 4.4)
 echo "setup: done ($("$PY" -c 'import torch, debug_nan; print("debug-nan", debug_nan.__version__, "torch", torch.__version__)'))"

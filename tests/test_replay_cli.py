@@ -71,3 +71,14 @@ def test_replay_of_a_bundle_whose_state_does_not_fit_is_exit_2_with_the_report(t
     assert out.exit_code == 2 and "Traceback" not in out.output, out.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["exit_code"] == 2 and "edited.pt" in report["error"]
+
+
+def test_an_interrupted_replay_of_a_bundle_with_an_unknown_cause_keeps_its_words():
+    """A bundle from a newer debug-nan may name a cause this version does not declare: an interrupt during its
+    replay still gives a result (no traceback from inside the interrupt's handler)."""
+    from debug_nan.replay import interrupted_result
+
+    finding = dict(step=2, micro_step=1, phase="forward", module="m", module_type="Linear", op="aten.mm.default",
+                   kind="nan", cause="some_new_cause", explanation="e", source=None, suggestions=[])
+    result = interrupted_result({"finding": finding}, KeyboardInterrupt(), [])
+    assert (result.status, result.finding, result.interrupted, result.exit_code) == ("error", None, True, 130)
