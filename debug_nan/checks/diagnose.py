@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from debug_nan.checks.causes.arithmetic import (division_rule, domain_rule, float64, inf_arithmetic_rule, infinite_rule,
-                                                log_rule, normalization_rule)
+                                                log_rule)
 from debug_nan.checks.causes.principles import nan_from_finite_rule
 from debug_nan.checks.causes.backward import singular_rule
 from debug_nan.checks.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, fused_mask_rule,
@@ -80,7 +80,7 @@ def _classify(event: OpEvent, batch) -> tuple[str, str]:
         result = attention_rule(event, batch)
     if result is None:
         result = fused_mask_rule(event, batch)
-    for rule in (zero_count_rule, ctc_rule, log_rule, division_rule, domain_rule, normalization_rule):
+    for rule in (zero_count_rule, ctc_rule, log_rule, division_rule, domain_rule):
         if result is None:
             result = rule(event, name)
     if result is None:

@@ -197,26 +197,3 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                         f"the result exceeds the {str(dtype).replace('torch.', '')} maximum {limit:.6g}{reference}.")
 
-
-# normalisations: finite for every finite input (eps > 0 keeps the denominator positive), so a NaN or Inf out of
-# finite inputs can only be an intermediate (the sum of squares behind the variance) leaving the dtype's range
-NORMALIZATIONS = ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit", "native_group_norm",
-                  "_fused_rms_norm", "rms_norm", "_batch_norm_with_update", "_native_batch_norm_legit_no_training")
-
-
-def normalization_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
-    """A normalisation that made NaN/Inf from finite inputs: its variance overflowed."""
-    if name not in NORMALIZATIONS or not event.inputs:
-        return None
-    floats = [t for _, t in event.inputs if t.is_floating_point() and t.numel()]
-    if not floats or not all(bool(torch.isfinite(t).all()) for t in floats):
-        return None
-    x = event.inputs[0][1]
-    peak = float(x.detach().abs().max())
-    limit = torch.finfo(x.dtype).max
-    if peak * peak <= limit:  # the squares fit: something else went wrong
-        return None
-    return Cause.OVERFLOW, (f"{event.op} normalised values up to |x| = {peak:.4g}: their squares ({peak * peak:.3g}) "
-                        f"exceed the {str(x.dtype).replace('torch.', '')} maximum {limit:.6g}, so the variance "
-                        f"overflowed to Inf and the normalised output became {event.kind.upper()}. At finite inputs "
-                        f"whose squares fit the op is always finite: the input is what grew too large.")
