@@ -117,9 +117,8 @@ class History:
         return (f"every step's loss, gradient norm, lr, time and memory; per-layer values (max_abs_activation, "
                 f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them")
 
-    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool, loss_scale: float | None = None) -> None:
+    def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
         rec.micro_batches += 1
-        rec.loss_scale = loss_scale if loss_scale is not None else rec.loss_scale
         outputs = result.values("forward")
         if not rec.activations:
             rec.activations = outputs
@@ -135,9 +134,9 @@ class History:
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
                 series.add(rec.step, check.nonfinite)
-        if result.harm() is not None and self.first_harm_step is None:
-            self.first_harm_step = rec.step
         if result.harm() is not None:  # rare: mark the series seen in this step
+            if self.first_harm_step is None:
+                self.first_harm_step = rec.step
             for series in self.nonfinite.values():
                 if series.last == rec.step and rec.step not in series.harmed and len(series.harmed) < MAX_RUNS:
                     series.harmed.append(rec.step)

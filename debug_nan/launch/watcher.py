@@ -45,8 +45,8 @@ class RunHistory(History):
         self.losses = array("d")
         self.last = None
 
-    def add_micro(self, rec, result, last: bool, loss_scale: float | None = None) -> None:
-        super().add_micro(rec, result, last, loss_scale)
+    def add_micro(self, rec, result, last: bool) -> None:
+        super().add_micro(rec, result, last)
         loss = result.loss()
         self.losses.append(math.nan if loss is None else loss)
         self.last = result

@@ -125,9 +125,10 @@ class StepSession:
             else None
         result = self.watch.sync(agree, raised=error is not None, abort=abort is not None)
         self.watch.enabled = False
-        if abort is None:  # the fp16 loss scale once per step, read after the sync (nothing queued: nearly free)
-            scale = self.scaler.get_scale() if self.scaler is not None and self.micro == 1 else None
-            self.history.add_micro(self.record, result, last, scale)
+        if abort is None:
+            self.history.add_micro(self.record, result, last)
+        if self.scaler is not None and self.micro == 1:  # once per step, after the sync (nothing queued: ~free)
+            self.record.loss_scale = self.scaler.get_scale()
         if last:
             self.record.finish()
         o.check, o.rank_codes, o.layer_stats = result.first_harm(), result.rank_codes, result.layer_stats
