@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -20,17 +19,14 @@ from pathlib import Path
 
 import torch
 
+from debug_nan.checks.snapshot import capture_rng
 from debug_nan.frames import PACKAGE_PARENT
 
 
 def start_rng() -> dict:
-    """The random state the script will start from (torch CPU, Python's random, NumPy's global state)."""
-    try:
-        import numpy  # the script may import it later: its global state is seeded at import, from the OS
-    except ImportError:
-        numpy = None
-    return {"torch": torch.get_rng_state(), "random": random.getstate(),
-            "numpy": numpy.random.get_state() if numpy is not None else None}
+    """The random state the script will start from: torch's CPU generator (CUDA's starts from a fixed seed),
+    Python's random and NumPy's global state (seeded from the OS when NumPy is imported)."""
+    return capture_rng(torch.device("cpu"))
 
 
 def deterministic_algorithms(on: bool) -> bool:

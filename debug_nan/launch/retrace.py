@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import struct
 import sys
 import traceback
@@ -24,29 +23,19 @@ import torch
 
 from debug_nan.checks.driver import StepInputs, TaskFailure
 from debug_nan.checks.pinpoint import Pinpointer
+from debug_nan.checks.snapshot import restore_rng
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.checks.tracer import Tracer
 from debug_nan.checks.watch import param_and_state_tensors
 from debug_nan.checks.watch_result import Check
 from debug_nan.launch import command as commands
 from debug_nan.launch.hooks import Hooks, RunStopped
+from debug_nan.launch.reexec import deterministic_algorithms
 from debug_nan.checks.vocabulary import Phase
 
 
 def same_bits(a: float, b: float) -> bool:
     return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
-
-
-def restore_start_rng(path: Path) -> None:
-    """The random state the first run's script started from: torch (CPU; CUDA starts from a fixed seed),
-    Python's random, and NumPy's global state where the first run had it."""
-    state = torch.load(path, weights_only=False)
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["random"])
-    if state.get("numpy") is not None:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
 
 
 class Retrace:
@@ -131,9 +120,8 @@ def main(spec_dir: str) -> int:
     spec = json.loads((folder / "spec.json").read_text())
     listener = Retrace(spec, folder / "answer.json")
     hooks = Hooks(listener)
-    restore_start_rng(folder / "rng.pt")
-    if spec["deterministic"]:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    restore_rng(torch.load(folder / "rng.pt", weights_only=False), torch.device("cpu"))  # the run's start state
+    deterministic_algorithms(spec["deterministic"])
     hooks.install()
     try:
         commands.run(commands.resolve(spec["words"]))
