@@ -84,11 +84,6 @@ def _signal_of(exc: BaseException | None) -> int | None:
     return _received[0] if _received else None
 
 
-def is_sigterm(exc: BaseException | None = None) -> bool:
-    """Was the interrupt (this one, or any so far) a signal (SIGTERM, or SIGHUP under torchrun) rather than Ctrl-C?"""
-    return _signal_of(exc) is not None
-
-
 def interrupt_code(exc: BaseException | None = None) -> int:
     num = _signal_of(exc)
     return 128 + int(num) if num is not None else 130
