@@ -83,7 +83,7 @@ class Pinpointer:
                 try:
                     if optimizer:
                         tracer.phase_override = Phase.OPTIMIZER  # the lr this step uses, before its schedule step:
-                        self._hyper = read_hyperparameters(d.optimizer, getattr(d, "scheduler", None))
+                        self._hyper = read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
                         d.optimizer_step()

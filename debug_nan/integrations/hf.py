@@ -48,8 +48,11 @@ class HFMonitor(FrameworkMonitor):
         optimizer = trainer.optimizer
         while hasattr(optimizer, "optimizer"):  # accelerate's AcceleratedOptimizer -> the torch optimizer
             optimizer = optimizer.optimizer
+        scheduler = getattr(trainer, "lr_scheduler", None)
+        while hasattr(scheduler, "scheduler"):  # accelerate's AcceleratedScheduler -> the torch scheduler
+            scheduler = scheduler.scheduler
         super().__init__(trainer.model, optimizer, settings, log, scaler=trainer.accelerator.scaler,
-                         dist_ctx=ddp.context(), bundle_dir=bundle_dir)
+                         dist_ctx=ddp.context(), bundle_dir=bundle_dir, scheduler=scheduler)
         self.num_items = None  # this optimizer step's num_items_in_batch (the loss normaliser), as the run had it
         self.step_micro_batches = trainer.args.gradient_accumulation_steps
 

@@ -49,7 +49,8 @@ class LightningMonitor(FrameworkMonitor):
         self.trainer, self.module = trainer, module
         super().__init__(module, trainer.optimizers[0], settings, log,
                          scaler=getattr(trainer.precision_plugin, "scaler", None), dist_ctx=ddp.context(),
-                         bundle_dir=bundle_dir)
+                         bundle_dir=bundle_dir,
+                         scheduler=trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None)
         self.batch_idx = 0
         self.passes_batch_idx = is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)
 

@@ -37,7 +37,7 @@ class FrameworkMonitor:
     snapshot_mode = "host"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
-                 scaler=None, dist_ctx=None, bundle_dir: str | None = None):
+                 scaler=None, dist_ctx=None, bundle_dir: str | None = None, scheduler=None):
         self.model, self.optimizer, self.log = model, optimizer, log
         self.device = next(model.parameters()).device
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
@@ -50,7 +50,7 @@ class FrameworkMonitor:
             # exception is decided by the rank that raised, alone
             agree_on_errors=False, bundle_sink=sink,
             explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect,
-            snapshot_mode=self.snapshot_mode))
+            snapshot_mode=self.snapshot_mode, scheduler=scheduler))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside a training micro-batch
         self.findings: list[Finding] = []

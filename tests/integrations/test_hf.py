@@ -152,3 +152,24 @@ def test_the_callback_needs_the_trainer_it_watches(tmp_path):
     other, _ = train(tmp_path, tasks.mlm_samples(), steps=1)
     with pytest.raises(InputError, match="another Trainer"):
         train(tmp_path, tasks.mlm_samples(), lambda t: DebugNaNCallback(other))
+
+
+def test_a_nan_learning_rate_names_the_trainers_schedule(tmp_path):
+    """The Trainer's own scheduler (accelerate wraps it) writes NaN into the lr after 2 steps: the finding names
+    that schedule and its step, as the CLI does for a task's scheduler (it is not 'no scheduler attached')."""
+    from tests.integrations import parity
+
+    model, batches, make_optimizer = parity.build("healthy")
+    samples = [{k: v[i] for k, v in b.items()} for b in batches for i in range(parity.BATCH)]
+    optimizer = make_optimizer(model.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 if step < 2 else float("nan"))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=parity.BATCH,
+                                          max_steps=5, max_grad_norm=0.0, report_to=[], save_strategy="no",
+                                          use_cpu=True, disable_tqdm=True, logging_steps=1000)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, schedule))
+    callback = DebugNaNCallback(trainer)
+    trainer.add_callback(callback)
+    trainer.train()
+    f = callback.finding
+    assert (f.step, f.phase, f.cause) == (3, "optimizer", "nonfinite_parameter")
+    assert "the schedule LambdaLR set it after 2 of its steps" in f.explanation
