@@ -176,3 +176,8 @@ def test_exit_2_leaves_an_error_report_not_an_empty_file(run_cli, tmp_path):
     run = run_cli("--task", "nope.py:f")
     assert run.code == 2 and run.report["status"] == "error" and "does not exist" in run.report["error"]
     assert not list(tmp_path.glob(".debug-nan-probe-*"))
+
+
+def test_a_folder_given_as_the_task_file_is_named_a_folder(run_cli, tmp_path):
+    (tmp_path / "tasks").mkdir()
+    _assert_exit_2(run_cli("--task", f"{tmp_path / 'tasks'}:build"), "is a folder: give the .py file in it")

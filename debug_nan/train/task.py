@@ -179,7 +179,8 @@ def _import_target(spec: str, source: str | None = None):
         if where.endswith(".py") or "/" in where or "\\" in where:
             path = Path(where)
             if source is None and not path.is_file():
-                raise InputError(f"--task file {path} does not exist.")
+                raise InputError(f"--task file {path} is a folder: give the .py file in it (FILE.py:NAME)."
+                                 if path.is_dir() else f"--task file {path} does not exist.")
             mod_name = f"debug_nan_task_{abs(hash(str(path.resolve())))}"
             module_spec = (importlib.util.spec_from_file_location(mod_name, path) if source is None else
                            importlib.util.spec_from_loader(mod_name, _SourceLoader(path.resolve(), source),
