@@ -74,16 +74,18 @@ class Outputs:
             result.status = "nonfinite"
         elif monitor.error is not None or error is not None:
             result.status, result.error = "error", monitor.error or describe_exception(error)
+        if exit_code is not None:  # the caller knows the process's code: the summary and report say it
+            result.exit_code = exit_code(result)
         self.result = result
         if not write or self.log is None:
             return result
         elapsed = time.perf_counter() - self.started
-        write_summary(self.log, result, elapsed, exits=False)
+        write_summary(self.log, result, elapsed, exits=exit_code is not None)
         if self.report:
             path = self.report if rank == 0 else _rank_path(self.report, rank)
             data = report_dict(result, settings, monitor.device, elapsed)
             data["integration"] = integration
-            data["exit_code"] = exit_code(result) if exit_code is not None else None
+            data["exit_code"] = result.exit_code  # None: the framework's (the script's) to decide
             try:
                 write_report(path, data)
                 self.log(f"JSON report written to {path}")

@@ -198,3 +198,11 @@ def test_an_interrupted_re_execution_keeps_the_watch_finding(tmp_path, run_here,
     assert (done.report["status"], done.report["interrupted"], done.report["exit_code"]) == ("nonfinite", True, 130)
     assert (done.first["step"], done.first["op"], done.first["detected_by"]) == (3, None, "watch")
     assert "the re-execution was interrupted (Ctrl-C) before it named the op" in " ".join(stderr.split())
+
+
+def test_the_summary_of_a_run_says_the_exit_code_it_has(tmp_path, run_here):
+    """debug-nan run decides the process's exit code itself: its summary says it, as the CLI's does."""
+    (tmp_path / "raises.py").write_text(RAISES)
+    done, _, stderr = run_here("python", "raises.py")
+    assert done.code == 1 and done.report["exit_code"] == 1
+    assert "was born here (exit 1)" in stderr
