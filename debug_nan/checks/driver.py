@@ -30,12 +30,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 @dataclass
 class StepInputs:
     """What a replay of one optimizer step needs: its micro-batches as they were before user code touched them
-    (see `capture_batch`), the RNG state before each micro-batch, and the snapshot taken before the first."""
+    (see `capture_batch`), the RNG state before each micro-batch, and the snapshot (taken before this step or an
+    earlier one: checks/catch_up.py re-runs the steps between)."""
 
     step: int
     batches: list
     rng: list = field(default_factory=list)
     snapshot: Snapshot | None = None
+    hyper: dict | None = None  # the param groups' settings and the scheduler's state as the step began
+    fingerprint: tuple | None = None  # (names, values): the watch's reading of the state as the step began
 
 
 @runtime_checkable

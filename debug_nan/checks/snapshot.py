@@ -213,13 +213,15 @@ class Snapshot:
                 torch._foreach_copy_(self._staged.copies, self._buffers, non_blocking=self._host)
         self._staged_training = [m.training for m in self._modules]
 
-    def save(self) -> None:
-        """Copy the state. After stage(), the buffers and training flags are the staged ones: the parameters and
-        optimizer state are the same at any point between the start of a step and its optimizer step, so the save
-        can wait until the previous update is known to be finite, and one snapshot suffices."""
+    def save(self, live_buffers: bool = False) -> None:
+        """Copy the state. After stage(), the buffers and training flags are the staged ones (unless
+        `live_buffers`: a re-run has just rebuilt them): the parameters and optimizer state are the same at any
+        point between the start of a step and its optimizer step, so the save can wait until the previous update
+        is known to be finite, and one snapshot suffices."""
         if not self.kept:
             return
         staged, self._staged_training = self._staged_training, None
+        staged = None if live_buffers else staged
         with torch.no_grad():
             if self._buffers and staged is not None:  # the staged copies become the saved ones (no copy)
                 self._buffer_copies, self._staged = self._staged, self._buffer_copies

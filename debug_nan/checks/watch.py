@@ -1,8 +1,8 @@
 """Tier 1, the watch: always on and cheap. A micro-batch trips on harm only.
 
 Per micro-batch it records ON THE DEVICE: min and max of every floating batch tensor and of every module output
-(a forward hook, one `aminmax` each: the history, and the notes on deliberate -inf masks), the loss and its
-logged parts, the L2 norm of every gradient (one fused `_foreach_norm`: history, explosion check, clipping, and
+but those of torch.nn's weightless layers (a forward hook, one `aminmax` each: the history, and the notes on
+deliberate -inf masks), the loss and its logged parts, the L2 norm of every gradient (one fused `_foreach_norm`: history, explosion check, clipping, and
 finiteness, since a NaN/Inf element makes the norm NaN/Inf) and, after an optimizer step, the L2 norm of every
 parameter and optimizer state tensor (one more fused pass, ~10x cheaper per element than an inf-norm). Everything
 is copied to the host in ONE transfer per micro-batch; no sync per layer. A norm can overflow to +Inf while every
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
+from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.vocabulary import PHASE_OF_KIND
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
@@ -42,37 +43,6 @@ _NORM_KINDS = ("param", "grad")  # finiteness read from an L2 norm (which may ov
 _NormChunk = tuple[list[str], list[torch.Tensor], list[torch.Tensor]]
 
 
-def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """0-d L2 norm of each tensor: one fused kernel per dtype group. fp16/bf16 are reduced into fp32 (a norm in
-    their own range overflows at 65504); fp32/fp64 in their own dtype."""
-    wide = (torch.float32, torch.float64)
-    if all(t.dtype in wide for t in tensors):
-        return list(torch._foreach_norm(tensors))
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    narrow = [i for i, t in enumerate(tensors) if t.dtype not in wide]
-    native = [i for i, t in enumerate(tensors) if t.dtype in wide]
-    for idx, kwargs in ((native, {}), (narrow, {"dtype": torch.float32})):
-        if idx:
-            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx], 2, **kwargs)):
-                out[i] = norm
-    return out
-
-
-def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every parameter and every floating optimizer state tensor ("w (optimizer exp_avg)").
-    Not detached (a detach per tensor costs more than the check of a small one): read them under no_grad."""
-    out = []
-    states = optimizer.state if optimizer is not None else {}
-    for name, p in named_params:
-        out.append((name, p))
-        state = states.get(p)
-        if state:
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_floating_point():
-                    out.append((f"{name} (optimizer {key})", value))
-    return out
-
-
 def _dead_ref() -> None:
     return None
 
@@ -82,27 +52,31 @@ def _first_float(output) -> torch.Tensor | None:
     return next((t for _, t in flat_tensors(output) if t.is_floating_point()), None)
 
 
-def _stack64(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """[n] float64 on `device` from n 0-d tensors (mixed dtypes promote; mixed devices are gathered first)."""
-    try:
-        stacked = torch.stack(values)
-    except RuntimeError:  # a model spread over devices
-        stacked = torch.stack([v.to(device) for v in values])
-    # float64: a float64 model's values above float32's range must not read as Inf
-    return stacked.to(device, torch.float64)
+def _passes_through(module: nn.Module) -> bool:
+    """A weightless layer of torch.nn (an activation, dropout, Identity, Flatten, a Sequential): elementwise or a
+    container whose output is its last child's. User-defined modules (where masks are built) are not."""
+    own_weights = next(module.parameters(recurse=False), None) is not None or \
+        next(module.buffers(recurse=False), None) is not None
+    return not own_weights and type(module).__module__.startswith("torch.nn.modules.")
 
 
 class Watch:
-    """Forward hooks on every module of `model` plus explicit calls for batch, loss, gradients and parameters;
-    sync() ends a micro-batch."""
+    """Forward hooks on the modules of `model` plus explicit calls for batch, loss, gradients and parameters;
+    sync() ends a micro-batch.
+
+    Hooked: the root and every module but torch.nn's weightless layers (activations, dropout, Identity,
+    Sequential): a registered hook costs every call of its module ~10 us of Python, as much as a small layer itself.
+    A NaN born in one of those shows in the next hooked output, and the replay's tracer names its op. `detailed`
+    (--trace-every-step) hooks every module."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.model = model
         self.optimizer = optimizer
         self.module_names = {m: n for n, m in model.named_modules()}
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.hooked = [m for m in self.module_names if m is model or not _passes_through(m)]
         self.enabled = True
-        self.detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
+        self._detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._handles: list = []
         self._state_key: list[int] | None = None
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
@@ -110,10 +84,24 @@ class Watch:
         self.discard()
         self.attach()
 
+    @property
+    def detailed(self) -> bool:
+        return self._detailed
+
+    @detailed.setter
+    def detailed(self, on: bool) -> None:
+        """Full statistics of every module's output (each a host sync): every module is hooked then."""
+        attached = bool(self._handles)
+        self.close()
+        self._detailed = on
+        if attached:
+            self.attach()
+
     def attach(self) -> None:
         """Register the forward hooks (done by the constructor; again after close())."""
         if not self._handles:
-            self._handles = [m.register_forward_hook(self._on_output) for m in self.module_names]
+            modules = self.module_names if self._detailed else self.hooked
+            self._handles = [m.register_forward_hook(self._on_output) for m in modules]
 
     def close(self) -> None:
         """Remove the forward hooks: the model runs as if never watched."""
@@ -195,6 +183,16 @@ class Watch:
                 norms = l2_norms(tensors)
             self._norms["param"].append((names, norms, tensors))
 
+    def read_state(self) -> tuple[list[str], np.ndarray]:
+        """The parameter check's values, read now (a host sync): what a sync after watch_params() reads, for
+        checking that a re-run reached the run's state bit for bit (checks/catch_up.py)."""
+        names, tensors = self._param_and_state()
+        if not tensors:
+            return names, np.zeros(0)
+        with torch.no_grad():
+            values = stack64(l2_norms(tensors), self._home_device())
+        return list(names), np.asarray(values.tolist(), dtype=np.float64)
+
     def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
         """param_and_state_tensors, rebuilt only when a state object changed: the key is the identity of every
         state value (sound, since the cache holds them and no id can be reused meanwhile)."""
@@ -249,12 +247,12 @@ class Watch:
                 if chunks:
                     names = [n for c in chunks for n in c[0]]
                     layout.append((kind, names, 1, [t for c in chunks for t in c[2]]))
-                    parts.append(_stack64([v for c in chunks for v in c[1]], device))
+                    parts.append(stack64([v for c in chunks for v in c[1]], device))
             elif kind in self._scalars:
                 entries = self._scalars[kind]
                 if entries:
                     layout.append((kind, [n for n, _ in entries], 1, []))
-                    parts.append(_stack64([v for _, v in entries], device))
+                    parts.append(stack64([v for _, v in entries], device))
             else:
                 if kind == "forward":
                     names, pairs = [self.module_names[m] for m in self._modules], self._minmax
@@ -262,10 +260,10 @@ class Watch:
                     names, pairs = [n for n, _ in self._data], [p for _, p in self._data]
                 if names:
                     layout.append((kind, names, 2, []))
-                    parts.append(_stack64([p[0] for p in pairs] + [p[1] for p in pairs], device))
+                    parts.append(stack64([p[0] for p in pairs] + [p[1] for p in pairs], device))
         for kind, names, norms in self.buffers.record():  # last, as in KIND_ORDER
             layout.append((kind, names, 1, []))
-            parts.append(_stack64(norms, device))
+            parts.append(stack64(norms, device))
         return layout, parts
 
     @staticmethod

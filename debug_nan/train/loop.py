@@ -72,7 +72,8 @@ class Trainer:
             scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
             averaged_after_watch=dist_ctx is not None, explosion=(settings.explosion_threshold,
                                                                   settings.explosion_growth),
-            dialect="cli", snapshot_mode=settings.snapshot, scheduler=self.scheduler), self.watch)
+            dialect="cli", snapshot_mode=settings.snapshot, snapshot_every=settings.snapshot_every or None,
+            scheduler=self.scheduler), self.watch)
         self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")
@@ -273,6 +274,5 @@ class Trainer:
         """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's: the
         snapshot still holds the state before it, since it was not saved again)."""
         self.log("--keep-going: skipping this step's update and going on.", "yellow")
-        self.snapshot.restore()
+        self.session.undo_update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.session.previous = None

@@ -34,6 +34,7 @@ from debug_nan.checks.stats import capture_batch
 from debug_nan.checks.vocabulary import Phase, adapt_advice
 from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
+from debug_nan.train.copies import StateCopies
 from debug_nan.train.outcome import MicroOutcome
 from debug_nan.train.precision import unscaled
 from debug_nan.train.repro import repro_state
@@ -55,6 +56,8 @@ class SessionPolicies:
     dialect: str = "cli"  # the advice's wording (checks/vocabulary.DIALECTS): "cli" flags, or the arguments of
     # "api" (the Monitor, debug-nan run), "lightning" or "hf"
     snapshot_mode: str = "host"
+    snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 1% of a
+    # step, measured on the CPU (train/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
     scheduler: object | None = None  # restored by a replay with the rest of the state
 
 
@@ -71,18 +74,22 @@ class StepSession:
         self.history = History()
         self.inputs: StepInputs | None = None  # the step under way
         self.previous: StepInputs | None = None  # the step whose update the next sync checks
+        self.copies = StateCopies(self.snapshot, driver, self.watch, self.log, policies.snapshot_every,
+                                  adaptive=self.device.type == "cpu" and policies.agreement is None,
+                                  scheduler=policies.scheduler)
         self.record: StepRecord | None = None
         self.micro = 0
         self.steps = 0
         self._grads_watched = False
+        self._unread_update = False  # an optimizer step was taken since the parameters were last read
         self.stopped = False
 
     # -- a step --------------------------------------------------------------------------------------------------
     def begin_step(self, step: int | None = None) -> StepInputs:
         """Before an optimizer step's first micro-batch. `step`: its number (1-based; default: the next one)."""
         self.steps = step if step is not None else self.steps + 1
-        self.inputs = StepInputs(step=self.steps, batches=[], rng=[], snapshot=self.snapshot)
-        self.snapshot.stage()  # the buffers as the forward finds them; save() after the first sync
+        self._read_update()  # the last update, as this step finds the state
+        self.inputs = self.copies.begin(self.steps)  # (the buffers staged as the forward finds them)
         self.record = self.history.begin(self.steps)
         self.record.lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
         self.micro = 0
@@ -133,8 +140,8 @@ class StepSession:
             self.record.finish()
         o.check, o.rank_codes, o.layer_stats = result.first_harm(), result.rank_codes, result.layer_stats
         o.new_buffers = result.new_nonfinite_buffers  # not harm by itself: traced in after_clean
-        if self.micro == 1 and not o.blames_last_update:  # the previous step is not replayed: its copy can go
-            self.snapshot.save()
+        if self.micro == 1:
+            self.copies.first_sync(result, o.blames_last_update)
         return o
 
     def end(self, last: bool, error: BaseException | None = None) -> Finding | None:
@@ -142,17 +149,25 @@ class StepSession:
         return self.decide(self.end_micro(last, error))
 
     def stepped(self) -> None:
-        """After the optimizer step: the parameters and optimizer state are checked at the next sync."""
+        """After the optimizer step: the parameters and optimizer state are read as the next step begins (after
+        whatever else the loop does to them: an EMA, a clamp) and checked at its first sync."""
         if self.stopped or self.inputs is None:
             return
-        self.watch.watch_params()
+        self._unread_update = True
         self.previous = self.inputs
+        self.copies.stepped()
+
+    def _read_update(self) -> None:
+        if self._unread_update:
+            self.watch.watch_params()
+            self._unread_update = False
 
     def finish(self) -> Finding | None:
         """After training: the last optimizer step's parameter check (one more sync, agreed under DDP)."""
         if self.stopped or self.previous is None:
             return None
         last = self.previous
+        self._read_update()
         result = self.watch.sync(self.p.agreement.agree_codes if self.p.agreement is not None else None)
         return self.decide(MicroOutcome(last, len(last.batches), result.first_harm(), rank_codes=result.rank_codes,
                                         previous=last))
@@ -178,6 +193,8 @@ class StepSession:
     def after_clean(self, o: MicroOutcome) -> Finding | None:
         """A clean micro-batch: the op that wrote a buffer that turned non-finite is traced while this step can be
         replayed; on the last one, the averaged gradients' norms (DDP), then the explosion check."""
+        if o.new_buffers and self.snapshot.kept:
+            self.copies.at(o.inputs)  # (mid-step: a copy of the live state)
         self.pinpointer.trace_buffer_writers(o.inputs, o.micro, o.new_buffers)
         if not o.last or o.record is None or o.record.scaler_skipped or max(o.rank_codes or [0]) > 0:
             return None
@@ -197,6 +214,7 @@ class StepSession:
             return True
         if self.scaler.get_scale() < 1.0:  # a scale below 1 cannot overflow what is finite without it
             return False
+        self.copies.at(o.inputs)  # mid-step: a copy of the live state
         with self.live_state_kept():
             return self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
@@ -223,12 +241,14 @@ class StepSession:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update."""
         kind = o.check.kind if o.check is not None else None
         snap = self.snapshot
-        if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer):
-            finding = unreplayed_finding(o, len(o.previous.batches) if kind == "param" and o.previous else o.micro,
-                                         self.model, self.log, snap.kept)
+        if kind == "param" and o.previous is None:
+            return None
+        target = o.previous if kind == "param" else o.inputs
+        why = self.copies.at(target) if snap.kept and kind != "data" else None
+        if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer) or why:
+            finding = unreplayed_finding(o, len(o.previous.batches) if kind == "param" else o.micro, self.model,
+                                         self.log, snap.kept, why)
         elif kind == "param":
-            if o.previous is None:
-                return None
             finding = self.pinpointer.pinpoint(o.previous, len(o.previous.batches), o.check, None, optimizer=True,
                                                trace=trace)
         else:
@@ -248,7 +268,7 @@ class StepSession:
             and o.check.kind == "param"
         inputs = o.previous if optimizer else o.inputs
         micro = len(inputs.batches) if optimizer else o.micro
-        if not inputs.snapshot.kept:
+        if not inputs.snapshot.kept or self.copies.at(inputs) is not None:
             return
         try:
             finding.bundle = self.p.bundle_sink(repro_state(self.driver, inputs, micro, finding, o.check, optimizer))
@@ -258,9 +278,12 @@ class StepSession:
 
     # -- ending --------------------------------------------------------------------------------------------------
     def stop(self, finding: Finding | None) -> Finding | None:
-        """Leave the model at its last finite state with no gradients, and watch no more. (A parameter trip left
-        the snapshot at the state before the update that broke it: save() was not called since.)"""
-        if self.snapshot.kept:
+        """Leave the model at its last finite state with no gradients, and watch no more: the start of the failing
+        step (a parameter trip's pinpoint brought the copy to the state before the update that broke it; any other
+        trip is mid-step, where the live state is that step's start and is copied if it was not yet)."""
+        if self.snapshot.kept and self.copies.saved is not None:
+            if (finding is None or finding.phase != Phase.OPTIMIZER) and self.inputs is not None:
+                self.copies.at(self.inputs)  # (no-op when the pinpoint copied it; mid-step otherwise)
             self.snapshot.restore()
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scaler is not None and params:
@@ -271,6 +294,13 @@ class StepSession:
         self.watch.enabled = False
         self.watch.discard()
         return finding
+
+    def undo_update(self) -> None:
+        """--keep-going: back to the snapshot (the state before the failing step, which the pinpoint brought it
+        to), as if that step's update had not been taken; the next step saves a new copy."""
+        self.snapshot.restore()
+        self.previous = None
+        self.copies.forget()
 
     @contextmanager
     def live_state_kept(self):

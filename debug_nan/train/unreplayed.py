@@ -23,10 +23,12 @@ def interrupted_pinpoint(exc: KeyboardInterrupt, inputs: StepInputs, micro: int,
     return interrupt
 
 
-def unreplayed_finding(o: MicroOutcome, accumulation_steps: int, model, log, kept: bool = False) -> Finding:
-    """The watch's finding, without the op: --snapshot off (no state to replay from), or --snapshot params for an
-    optimizer-phase trip (`kept`: no copy of the optimizer state)."""
-    why = NO_OPTIMIZER_COPY if kept else NO_SNAPSHOT
+def unreplayed_finding(o: MicroOutcome, accumulation_steps: int, model, log, kept: bool = False,
+                       reason: str | None = None) -> Finding:
+    """The watch's finding, without the op: --snapshot off (no state to replay from), --snapshot params for an
+    optimizer-phase trip (`kept`: no copy of the optimizer state), or `reason` (the state before the failing
+    step could not be reached from the copy: checks/catch_up.py)."""
+    why = f"{reason}; the op was not replayed." if reason else NO_OPTIMIZER_COPY if kept else NO_SNAPSHOT
     param = o.check is not None and o.check.kind == "param" and o.previous is not None
     inputs, micro = (o.previous, accumulation_steps) if param else (o.inputs, o.micro)
     log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {why}", "red")

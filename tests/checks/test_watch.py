@@ -196,6 +196,10 @@ def test_closed_watch_records_nothing_and_attach_restores_the_hooks():
     watch.attach()
     watch.attach()  # idempotent: one hook per module
     model(torch.ones(1, 2))
+    # torch.nn's weightless Tanh is not hooked: its output is the root's (""), measured there
+    assert sorted(watch.sync().values("forward")) == ["", "0"]
+    watch.detailed = True  # --trace-every-step: every module
+    model(torch.ones(1, 2))
     assert sorted(watch.sync().values("forward")) == ["", "0", "1"]
 
 

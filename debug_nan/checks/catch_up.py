@@ -1,0 +1,79 @@
+"""Bring a snapshot forward: from the state it holds (the start of step M) to the start of a later step N, by
+re-running steps M..N-1 exactly as the run took them, then checking the result bit for bit.
+
+Why: copying the parameters and optimizer state before every step costs as much memory traffic as an Adam step
+(7-8% of a GPT-2-like CPU step). The session saves the copy only every few steps (train/session.py) and, for the
+one trip that needs the state before an EARLIER step (an optimizer update that made a parameter non-finite, seen at
+the next step's first sync), re-runs the steps since the copy here. A trip in a forward or backward needs no
+re-run: mid-step the live parameters and optimizer state are the step's own, and the session copies them then.
+
+Each re-run step: its recorded hyperparameters (the lr its schedule set, and the scheduler's state), each
+micro-batch with its RNG state (forward, loss, backward, as the run), the gradients averaged (DDP), the driver's
+optimizer step (unscale, clip, step). The state reached must match the watch's own reading of the run's state at
+step N's first sync (the L2 norm of every parameter and optimizer state tensor, compared bit for bit): a script
+whose steps do not reproduce (non-deterministic kernels, an update the driver does not know about) is told so, and
+the optimizer step is then not replayed, rather than replayed from a state the run never had.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from debug_nan.checks.driver import StepDriver, StepInputs
+from debug_nan.checks.snapshot import restore_rng
+from debug_nan.checks.stats import move_to
+
+
+def step_hyperparameters(optimizer, scheduler) -> dict:
+    """What a schedule changes between steps, as the step begins: every param group's non-tensor settings and the
+    scheduler's state (a few numbers; read once per step)."""
+    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+              for g in (optimizer.param_groups if optimizer is not None else [])]
+    return {"groups": groups, "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+
+def _apply(hyper: dict | None, optimizer, scheduler) -> None:
+    if hyper is None:
+        return
+    for group, saved in zip(optimizer.param_groups if optimizer is not None else [], hyper["groups"]):
+        group.update(copy.deepcopy(saved))
+    if scheduler is not None and hyper["scheduler"] is not None:
+        scheduler.load_state_dict(hyper["scheduler"])
+
+
+def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint, scheduler=None) -> str | None:
+    """Restore the snapshot of chain[0] and re-run chain[:-1] -> None when the state reached is chain[-1]'s start
+    (its recorded `fingerprint`), else why not, in words. `fingerprint()`: the watch's reading of the live state,
+    (names, values). The caller saves the state reached; on failure the live state is left as the re-run left it
+    (the caller restores what it needs)."""
+    target = chain[-1]
+    if target.fingerprint is None:
+        return (f"the state at the start of step {target.step} was never read by the watch, so a re-run to it "
+                f"could not be checked")
+    d = driver
+    chain[0].snapshot.restore()
+    with d.watch_paused():
+        for inputs in chain[:-1]:
+            _apply(inputs.hyper, d.optimizer, scheduler)
+            for i, batch in enumerate(inputs.batches):
+                restore_rng(inputs.rng[i], d.device)
+                loss, _ = d.replay_loss(move_to(batch, d.device, copy=True))
+                d.backward(loss)
+            d.average_gradients()
+            d.optimizer_step()
+            if d.optimizer is not None:
+                d.optimizer.zero_grad(set_to_none=True)
+        _apply(target.hyper, d.optimizer, scheduler)
+    names, values = fingerprint()
+    want_names, want = target.fingerprint
+    if names != want_names or not np.array_equal(values, want):
+        differs = ", ".join([n for n, a, b in zip(names, values, want) if a != b][:3]) or "its tensors differ"
+        return (f"re-running steps {chain[0].step}..{target.step - 1} from the copy taken at step {chain[0].step} "
+                f"did not reproduce the run's state at step {target.step} bit for bit ({differs}): the steps are "
+                f"not deterministic, or the update does more than the optimizer step the replay knows")
+    return None
+
+
+__all__ = ["catch_up", "step_hyperparameters"]

@@ -1,0 +1,50 @@
+"""The watch's reductions: the L2 norm of every tensor of a list in one fused pass, the (name, tensor) list of the
+parameters and optimizer state, and n 0-d values gathered into one float64 vector for the one host copy."""
+
+from __future__ import annotations
+
+import torch
+
+
+def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """0-d L2 norm of each tensor: one fused kernel per dtype group. fp16/bf16 are reduced into fp32 (a norm in
+    their own range overflows at 65504); fp32/fp64 in their own dtype."""
+    wide = (torch.float32, torch.float64)
+    if all(t.dtype in wide for t in tensors):
+        return list(torch._foreach_norm(tensors))
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    narrow = [i for i, t in enumerate(tensors) if t.dtype not in wide]
+    native = [i for i, t in enumerate(tensors) if t.dtype in wide]
+    for idx, kwargs in ((native, {}), (narrow, {"dtype": torch.float32})):
+        if idx:
+            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx], 2, **kwargs)):
+                out[i] = norm
+    return out
+
+
+def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every parameter and every floating optimizer state tensor ("w (optimizer exp_avg)").
+    Not detached (a detach per tensor costs more than the check of a small one): read them under no_grad."""
+    out = []
+    states = optimizer.state if optimizer is not None else {}
+    for name, p in named_params:
+        out.append((name, p))
+        state = states.get(p)
+        if state:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.is_floating_point():
+                    out.append((f"{name} (optimizer {key})", value))
+    return out
+
+
+def stack64(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[n] float64 on `device` from n 0-d tensors (mixed dtypes promote; mixed devices are gathered first)."""
+    try:
+        stacked = torch.stack(values)
+    except RuntimeError:  # a model spread over devices
+        stacked = torch.stack([v.to(device) for v in values])
+    # float64: a float64 model's values above float32's range must not read as Inf
+    return stacked.to(device, torch.float64)
+
+
+__all__ = ["l2_norms", "param_and_state_tensors", "stack64"]
