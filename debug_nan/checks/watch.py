@@ -2,11 +2,12 @@
 
 Per micro-batch it records ON THE DEVICE: min and max of every floating batch tensor and of every module output
 but those of torch.nn's weightless layers (a forward hook, one `aminmax` each: the history, and the notes on
-deliberate -inf masks), the loss and its logged parts, the L2 norm of every gradient (one fused `_foreach_norm`: history, explosion check, clipping, and
-finiteness, since a NaN/Inf element makes the norm NaN/Inf) and, after an optimizer step, the L2 norm of every
-parameter and optimizer state tensor (one more fused pass, ~10x cheaper per element than an inf-norm). Everything
-is copied to the host in ONE transfer per micro-batch; no sync per layer. A norm can overflow to +Inf while every
-element is finite: only then a second look (max |x| of those tensors, a second sync) settles it.
+deliberate -inf masks), the loss and its logged parts, the L2 norm of every gradient (one fused `_foreach_norm`:
+history, explosion check, clipping, and finiteness, since a NaN/Inf element makes the norm NaN/Inf) and, as the
+step after an optimizer step begins, one value per parameter and optimizer state tensor (norms.state_sums: a sum
+or an L2 norm, non-finite when an element is). Everything is copied to the host in ONE transfer per micro-batch;
+no sync per layer. A norm or a sum can overflow while every element is finite: only then a second look (max |x|
+of those tensors, a second sync) settles it.
 
 Harm, which trips: a non-finite loss (or loss part), gradient, parameter or optimizer state. Non-finite module
 outputs and batch tensors are recorded, not tripped on (see MicroResult.first_harm).
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
-from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64
+from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.vocabulary import PHASE_OF_KIND
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
@@ -175,13 +176,13 @@ class Watch:
         return norms
 
     def watch_params(self) -> None:
-        """After an optimizer step: the L2 norm of every parameter and optimizer state tensor (read at the next
-        sync)."""
+        """After an optimizer step: one value per parameter and optimizer state tensor, non-finite when an element
+        is (norms.state_sums; read at the next sync)."""
         names, tensors = self._param_and_state()
         if tensors:
             with torch.no_grad():
-                norms = l2_norms(tensors)
-            self._norms["param"].append((names, norms, tensors))
+                values = state_sums(tensors)
+            self._norms["param"].append((names, values, tensors))
 
     def read_state(self) -> tuple[list[str], np.ndarray]:
         """The parameter check's values, read now (a host sync): what a sync after watch_params() reads, for
@@ -190,7 +191,7 @@ class Watch:
         if not tensors:
             return names, np.zeros(0)
         with torch.no_grad():
-            values = stack64(l2_norms(tensors), self._home_device())
+            values = stack64(state_sums(tensors), self._home_device())
         return list(names), np.asarray(values.tolist(), dtype=np.float64)
 
     def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
@@ -284,12 +285,15 @@ class Watch:
 
     @staticmethod
     def _second_look(layout, segments: list[Segment]) -> None:
-        """A norm that read +Inf: was an element Inf, or did the sum of squares overflow? max |x| tells (a second
-        sync, only in this rare case). The norm stays in the history; only the finiteness flag is corrected."""
+        """A norm that read +Inf (or a parameter's sum that read non-finite): was an element non-finite, or did the
+        sum overflow? max |x| tells (a second sync, only in this rare case). The value stays in the history; only
+        the finiteness flag is corrected."""
         todo = []
         for (kind, _, _, tensors), seg in zip(layout, segments):
             if kind in _NORM_KINDS:
-                todo += [(seg, int(i), tensors[i]) for i in np.flatnonzero(np.isposinf(seg.value))]
+                # a norm overflows to +Inf only; a sum (parameters, norms.state_sums) to either, or to NaN
+                ambiguous = np.isposinf(seg.value) if kind == "grad" else ~np.isfinite(seg.value)
+                todo += [(seg, int(i), tensors[i]) for i in np.flatnonzero(ambiguous)]
         if not todo:
             return
         with torch.no_grad():
@@ -318,8 +322,8 @@ class Watch:
             start = part.stop
             if kind in HARM_KINDS:
                 harm = torch.maximum(harm, bad[part].any() * float(PHASE_CODE[kind]))
-            if kind in _NORM_KINDS:
-                ambiguous = ambiguous + torch.isposinf(flat[part]).any()
+            if kind in _NORM_KINDS:  # as _second_look: +Inf norms, any non-finite parameter sum
+                ambiguous = ambiguous + (torch.isposinf(flat[part]) if kind == "grad" else bad[part]).any()
             if kind == "data":
                 data = bad[part].any() * float(PHASE_CODE["data"])
         if layout:

@@ -38,9 +38,10 @@ class Segment:
     """One kind's values, in the order they were recorded ([n] each).
 
     value: max |x| (data, forward), the value itself (loss, loss_part), the L2 norm (buffer: accumulated in
-    float64, so it is non-finite exactly when an element is, for buffers narrower than float64; grad, param: a NaN/Inf
-    element makes the norm NaN/Inf; a norm that overflowed while every element was finite is cleared by a second
-    look at max |x|, so `nonfinite` is exact). lo/hi: min and max (data, forward only), which tell -Inf from +Inf."""
+    float64, so it is non-finite exactly when an element is, for buffers narrower than float64; grad: a NaN/Inf
+    element makes the norm NaN/Inf), param: a norm or, for large CPU tensors, a sum (norms.state_sums). A norm or
+    sum that overflowed while every element was finite is cleared by a second look at max |x|, so `nonfinite` is
+    exact. lo/hi: min and max (data, forward only), which tell -Inf from +Inf."""
 
     kind: str
     names: list[str]
