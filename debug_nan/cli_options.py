@@ -87,7 +87,7 @@ RUN_OPTIONS = [
          "are the same."),
     _opt("--snapshot-every", type=int, help="Copy the state every N steps (an optimizer-phase trip re-runs the "
          "steps since the copy, checked bit for bit; other trips copy the live state). [default: 0 = every step on "
-         "CUDA, where the copy overlaps the step; on the CPU as often as costs at most 1% of a step]"),
+         "CUDA, where the copy overlaps the step; on the CPU as often as costs at most 0.5% of a step]"),
     _opt("--report", type=click.Path(dir_okay=False), help="Write the JSON report here."),
     _opt("--bundle-dir", type=click.Path(file_okay=False), help="Where a finding writes its repro bundle "
                                                                  "[default: the report's folder, else .]"),

@@ -26,24 +26,31 @@ def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 BIG = 1 << 16  # elements: a CPU tensor this large is summed alone (a parallel kernel; its Python call is <1% of it)
 
 
-def state_sums(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | None = None) -> list[torch.Tensor]:
     """One 0-d value per tensor that is non-finite when an element is: the parameters and optimizer state after an
     update (finiteness, and a bit-exact reading of the state: checks/catch_up.py). On the CPU each tensor of BIG
     elements or more is summed alone: CPU `_foreach_norm` loops over the list on ONE thread, a sum uses them all
     (3 x 17M floats of GPT-2-like AdamW state: 20 ms as norms, 10 ms as sums, 2 threads). The rest, and every
     tensor on a GPU (one fused kernel there), go through l2_norms. A sum can overflow with finite elements (as a
-    norm can): the watch's second look settles any non-finite value."""
-    big = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.numel() >= BIG]
+    norm can): the watch's second look settles any non-finite value. `plan`: sum_plan(tensors), kept by a caller
+    that checks the same list every step."""
+    big, small = plan or sum_plan(tensors)
     if not big:
         return l2_norms(tensors)
     out: list[torch.Tensor | None] = [None] * len(tensors)
     for i in big:
         t = tensors[i]
         out[i] = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
-    small = [i for i in range(len(tensors)) if out[i] is None]
     for i, norm in zip(small, l2_norms([tensors[i] for i in small]) if small else []):
         out[i] = norm
     return out
+
+
+def sum_plan(tensors: list[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """(indices state_sums sums, indices it takes the norm of)."""
+    big = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.numel() >= BIG]
+    chosen = set(big)
+    return big, [i for i in range(len(tensors)) if i not in chosen]
 
 
 def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:
@@ -71,4 +78,4 @@ def stack64(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return stacked.to(device, torch.float64)
 
 
-__all__ = ["BIG", "l2_norms", "param_and_state_tensors", "stack64", "state_sums"]
+__all__ = ["BIG", "l2_norms", "param_and_state_tensors", "stack64", "state_sums", "sum_plan"]

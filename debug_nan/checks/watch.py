@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
-from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums
+from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums, sum_plan
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.vocabulary import PHASE_OF_KIND
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
@@ -81,6 +81,7 @@ class Watch:
         self._handles: list = []
         self._state_key: list[int] | None = None
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
+        self._sum_plan: tuple[list[int], list[int]] = ([], [])
         self.buffers = BufferWatch(model)  # which buffers went non-finite (read in the same one sync)
         self.discard()
         self.attach()
@@ -181,7 +182,7 @@ class Watch:
         names, tensors = self._param_and_state()
         if tensors:
             with torch.no_grad():
-                values = state_sums(tensors)
+                values = state_sums(tensors, self._sum_plan)
             self._norms["param"].append((names, values, tensors))
 
     def read_state(self) -> tuple[list[str], np.ndarray]:
@@ -191,7 +192,7 @@ class Watch:
         if not tensors:
             return names, np.zeros(0)
         with torch.no_grad():
-            values = stack64(state_sums(tensors), self._home_device())
+            values = stack64(state_sums(tensors, self._sum_plan), self._home_device())
         return list(names), np.asarray(values.tolist(), dtype=np.float64)
 
     def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
@@ -202,6 +203,7 @@ class Watch:
         if key != self._state_key:
             named = param_and_state_tensors(self.named_params, self.optimizer)
             self._state_key, self._named_cache = key, ([n for n, _ in named], [t for _, t in named])
+            self._sum_plan = sum_plan(self._named_cache[1])
         return self._named_cache
 
     # -- the one sync ------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from debug_nan.checks.driver import StepInputs
 from debug_nan.checks.snapshot import Snapshot
 from debug_nan.checks.watch_result import MicroResult
 
-SNAPSHOT_SHARE = 0.01  # the share of a step the copy may cost, amortised over the steps between copies
+SNAPSHOT_SHARE = 0.005  # the share of a step the copy may cost, amortised over the steps between copies
 MAX_SNAPSHOT_EVERY = 16  # at most this many steps re-run (and their batches kept) to bring a copy forward
 
 

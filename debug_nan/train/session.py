@@ -56,8 +56,8 @@ class SessionPolicies:
     dialect: str = "cli"  # the advice's wording (checks/vocabulary.DIALECTS): "cli" flags, or the arguments of
     # "api" (the Monitor, debug-nan run), "lightning" or "hf"
     snapshot_mode: str = "host"
-    snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 1% of a
-    # step, measured on the CPU (train/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
+    snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 0.5% of
+    # a step, measured on the CPU (train/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
     scheduler: object | None = None  # restored by a replay with the rest of the state
 
 

@@ -88,9 +88,9 @@ def build(name):
     return model, batches, optimizer
 
 
-def lightning_module(model, make_optimizer):
+def lightning_module(model, make_optimizer, make_scheduler=None):
     """A LightningModule holding `model` as `model`, whose training_step is lm_loss (Lightning imported here: the
-    `--task` plug-ins above do not need it)."""
+    `--task` plug-ins above do not need it); `make_scheduler(optimizer)`: a schedule stepped every step."""
     import lightning.pytorch as pl
 
     class Lit(pl.LightningModule):
@@ -102,7 +102,10 @@ def lightning_module(model, make_optimizer):
             return lm_loss(self.model, batch)
 
         def configure_optimizers(self):
-            return make_optimizer(self.model.parameters())
+            optimizer = make_optimizer(self.model.parameters())
+            if make_scheduler is None:
+                return optimizer
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": make_scheduler(optimizer), "interval": "step"}}
 
     return Lit()
 
