@@ -105,6 +105,14 @@ def test_overflow_is_finite_in_float64():
     assert cause == "overflow" and "float32 maximum" in explanation and "2.688e+43" in explanation
 
 
+
+def test_overflow_advice_fits_the_precision_the_op_ran_in():
+    """An fp32 exp that overflows is not helped by float32 or bf16 (fp32's range); an fp16 one is."""
+    _, (cause, _, wide) = traced(lambda: torch.tensor([100.0]).exp())
+    _, (cause16, _, narrow) = traced(lambda: torch.tensor([100.0], dtype=torch.float16).exp())
+    assert cause == cause16 == "overflow"
+    assert not any("--precision bf16" in s for s in wide) and any("--precision bf16" in s for s in narrow)
+
 @pytest.mark.parametrize("fn, words", [
     (lambda: torch.atanh(torch.tensor([1.0, 0.5])), "atanh(x) is infinite at x = +-1"),
     (lambda: torch.lgamma(torch.tensor([0.0, 0.5])), "lgamma(x) is infinite at x = 0"),

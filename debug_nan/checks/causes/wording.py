@@ -96,7 +96,18 @@ def is_builtin(event: OpEvent) -> bool:
 
 def suggestions_for(cause: str, event: OpEvent | None = None) -> list[str]:
     extra = BUILTIN_SUGGESTIONS.get(cause, []) if event is not None and is_builtin(event) else []
-    return list(SUGGESTIONS[cause]) + extra
+    out = list(SUGGESTIONS[cause]) + extra
+    if cause == Cause.OVERFLOW and event is not None and _ran_wide(event):
+        # it overflowed float32 (or float64) itself: float32 or bf16 (fp32's range) would not help
+        out = [s for s in out if not s.startswith("Run the op in float32")]
+    return out
+
+
+def _ran_wide(event: OpEvent) -> bool:
+    """The op computed in float32 or float64 (its floating outputs, else its inputs)."""
+    tensors = [t for _, t in event.outputs if t.is_floating_point()] or \
+        [t for _, t in event.inputs if t.is_floating_point()]
+    return bool(tensors) and all(t.dtype in (torch.float32, torch.float64) for t in tensors)
 
 
 def ranges(values: list[int]) -> str:
