@@ -105,7 +105,6 @@ def test_overflow_is_finite_in_float64():
     assert cause == "overflow" and "float32 maximum" in explanation and "2.688e+43" in explanation
 
 
-
 def test_overflow_advice_fits_the_precision_the_op_ran_in():
     """An fp32 exp that overflows is not helped by float32 or bf16 (fp32's range); an fp16 one is."""
     _, (cause, _, wide) = traced(lambda: torch.tensor([100.0]).exp())
