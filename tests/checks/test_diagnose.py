@@ -112,6 +112,7 @@ def test_overflow_advice_fits_the_precision_the_op_ran_in():
     assert cause == cause16 == "overflow"
     assert not any("--precision bf16" in s for s in wide) and any("--precision bf16" in s for s in narrow)
 
+
 @pytest.mark.parametrize("fn, words", [
     (lambda: torch.atanh(torch.tensor([1.0, 0.5])), "atanh(x) is infinite at x = +-1"),
     (lambda: torch.lgamma(torch.tensor([0.0, 0.5])), "lgamma(x) is infinite at x = 0"),
