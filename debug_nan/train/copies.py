@@ -31,10 +31,12 @@ MAX_SNAPSHOT_EVERY = 16  # at most this many steps re-run (and their batches kep
 
 
 class StateCopies:
-    def __init__(self, snapshot: Snapshot, driver, watch, log, every: int | None, adaptive: bool, scheduler=None):
+    def __init__(self, snapshot: Snapshot, driver, watch, log, every: int | None, adaptive: bool, scheduler=None,
+                 distributed: bool = False):
         self.snapshot, self.driver, self.watch, self.log, self.scheduler = snapshot, driver, watch, log, scheduler
-        self.every = every or 1
-        self.adaptive = every is None and adaptive and snapshot.kept
+        # under DDP every step: a re-run's collectives would need every rank to re-run, and to agree on its check
+        self.every = 1 if distributed else every or 1
+        self.adaptive = every is None and adaptive and snapshot.kept and not distributed
         self.saved: StepInputs | None = None  # the step whose start the copy holds
         self.since: list[StepInputs] = []  # the steps begun after it, in order
         self.current: StepInputs | None = None

@@ -274,5 +274,5 @@ class Trainer:
         """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's: the
         snapshot still holds the state before it, since it was not saved again)."""
         self.log("--keep-going: skipping this step's update and going on.", "yellow")
-        self.session.undo_update()
+        self.session.undo_update(finding)
         self.optimizer.zero_grad(set_to_none=True)

@@ -75,8 +75,8 @@ class StepSession:
         self.inputs: StepInputs | None = None  # the step under way
         self.previous: StepInputs | None = None  # the step whose update the next sync checks
         self.copies = StateCopies(self.snapshot, driver, self.watch, self.log, policies.snapshot_every,
-                                  adaptive=self.device.type == "cpu" and policies.agreement is None,
-                                  scheduler=policies.scheduler)
+                                  adaptive=self.device.type == "cpu", scheduler=policies.scheduler,
+                                  distributed=policies.agreement is not None)
         self.record: StepRecord | None = None
         self.micro = 0
         self.steps = 0
@@ -278,13 +278,10 @@ class StepSession:
 
     # -- ending --------------------------------------------------------------------------------------------------
     def stop(self, finding: Finding | None) -> Finding | None:
-        """Leave the model at its last finite state with no gradients, and watch no more: the start of the failing
-        step (a parameter trip's pinpoint brought the copy to the state before the update that broke it; any other
-        trip is mid-step, where the live state is that step's start and is copied if it was not yet)."""
+        """Leave the model at its last finite state (the start of the failing step) with no gradients, and watch no
+        more."""
         if self.snapshot.kept and self.copies.saved is not None:
-            if (finding is None or finding.phase != Phase.OPTIMIZER) and self.inputs is not None:
-                self.copies.at(self.inputs)  # (no-op when the pinpoint copied it; mid-step otherwise)
-            self.snapshot.restore()
+            self._back_to_start(finding)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scaler is not None and params:
             # a step the framework may still take goes through scaler.step, which needs a gradient to inspect:
@@ -295,12 +292,19 @@ class StepSession:
         self.watch.discard()
         return finding
 
-    def undo_update(self) -> None:
-        """--keep-going: back to the snapshot (the state before the failing step, which the pinpoint brought it
-        to), as if that step's update had not been taken; the next step saves a new copy."""
-        self.snapshot.restore()
+    def undo_update(self, finding: Finding) -> None:
+        """--keep-going: back to the state before the failing step, as if its update had not been taken; the next
+        step saves a new copy."""
+        self._back_to_start(finding)
         self.previous = None
         self.copies.forget()
+
+    def _back_to_start(self, finding: Finding | None) -> None:
+        """Restore the start of the failing step: a parameter trip's pinpoint brought the copy there; any other
+        trip is mid-step, where the live state is that start (copied now, unless the pinpoint did)."""
+        if (finding is None or finding.phase != Phase.OPTIMIZER) and self.inputs is not None:
+            self.copies.at(self.inputs)
+        self.snapshot.restore()
 
     @contextmanager
     def live_state_kept(self):

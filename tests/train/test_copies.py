@@ -134,3 +134,17 @@ def test_the_interval_is_chosen_from_what_a_copy_costs():
 def test_a_step_not_in_the_chain_cannot_be_reached():
     copies = StateCopies(_SlowCopy(), SimpleNamespace(optimizer=None), None, print, 1, adaptive=False)
     assert "no copy of the state before step 7" in copies.at(StepInputs(step=7, batches=[]))
+
+
+@pytest.mark.parametrize("name, steps", [("nan_batch", 5), ("explosion_by_lr", 4)])
+def test_keep_going_goes_on_from_the_failing_steps_start_between_copies(run_cli, name, steps):
+    """--keep-going skips the failing step's update: the run goes on from that step's start, whether a copy was
+    taken at it (every step) or not (every third: the live state is copied then) -> the same losses after it."""
+    def losses(every):
+        run = run_cli("--task", f"{parity.__file__}:{name}", "--max-steps", str(steps), "--device", "cpu",
+                      "--keep-going", "--snapshot-every", str(every))
+        assert run.code == 1 and run.report["steps_run"] == steps, run.output
+        return [h["loss"] for h in run.report["history"]]
+
+    every_step = losses(1)
+    assert len(every_step) == steps and losses(3) == every_step
