@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import sys
 import traceback
@@ -49,12 +50,17 @@ class Retrace:
         self.seen = 0  # micro-batches whose loss was compared
         self.model = self.optimizer = self.tracer = None
         self.batch = None
+        # under torchrun every rank's re-execution runs on to the end of the failing micro-batch (its optimizer
+        # step), whatever it found on the way: a rank that stopped earlier would strand the others in a collective
+        self.in_step = spec.get("ddp", False)
+        self.trace = spec.get("trace", True)
+        self.answered: dict | None = None
 
     def attach(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
     def micro_begin(self, batch, step: int, micro: int) -> None:
-        if self.trip["optimizer"] or (step, micro) != self.target:
+        if self.trip["optimizer"] or (step, micro) != self.target or not self.trace or self.answered:
             return
         self.batch = batch
         self.tracer = Tracer(self.model)
@@ -65,11 +71,12 @@ class Retrace:
 
     def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None:
         value = float(loss.double()) if loss.numel() == 1 else math.nan
-        if self.seen < len(self.expected) and not same_bits(value, self.expected[self.seen]):
+        if self.answered is None and self.seen < len(self.expected) and not same_bits(value,
+                                                                                      self.expected[self.seen]):
             expected = self.expected[self.seen]
             self.write({"diverged": f"the loss of micro-batch {micro} of step {step} was {expected!r} in the run and "
                                     f"{value!r} in its re-execution"})
-            raise RunStopped("traced")
+            self.stop()
         self.seen += 1
         if self.tracer is not None and not self.trip["optimizer"] and self.tracer.origin_of([loss]) is not None:
             self.conclude([loss])
@@ -77,9 +84,11 @@ class Retrace:
     def backward_end(self, step: int, micro: int) -> None:
         if self.tracer is not None and not self.trip["optimizer"]:
             self.conclude([p.grad for p in self.model.parameters() if p.grad is not None])
+        if self.in_step and not self.trip["optimizer"] and (step, micro) == self.target:
+            self.end_in_step()
 
     def step_begin(self, step: int) -> None:
-        if self.trip["optimizer"] and step == self.target[0]:
+        if self.trip["optimizer"] and step == self.target[0] and self.trace and not self.answered:
             self.tracer = Tracer(self.model)
             self.tracer.__enter__()
             self.tracer.phase_override = Phase.OPTIMIZER
@@ -89,6 +98,8 @@ class Retrace:
     def step_end(self, step: int, skipped: bool) -> None:
         if self.tracer is not None and self.trip["optimizer"]:
             self.conclude([t for _, t in param_and_state_tensors(self.model.named_parameters(), self.optimizer)])
+        if self.in_step and self.trip["optimizer"] and step == self.target[0]:
+            self.end_in_step()
 
     def conclude(self, harmed: list, error: BaseException | None = None) -> None:
         """The tracer's origin in the lineage of `harmed` -> the Finding, written; the script stops."""
@@ -109,10 +120,22 @@ class Retrace:
             self.write({"finding": finding.to_dict(), "ops": tracer.ops_seen, "origins": len(tracer.origins)})
         except TaskFailure as failure:
             self.write({"error": str(failure)})
+        self.stop()
+
+    def stop(self) -> None:
+        """Answered: the script stops here, or under torchrun goes on untraced to the failing micro-batch's end."""
+        if not self.in_step:
+            raise RunStopped("traced")
+
+    def end_in_step(self) -> None:
+        """Under torchrun: every rank is at the failing micro-batch's end (past its collectives): stop."""
+        self.answer.write_text(json.dumps({**(self.answered or {"untraced": True}), "lockstep": True}))
         raise RunStopped("traced")
 
     def write(self, answer: dict) -> None:
-        self.answer.write_text(json.dumps(answer))
+        if self.answered is None:  # the first answer stands (under torchrun the run goes on after it)
+            self.answered = answer
+            self.answer.write_text(json.dumps(answer))
 
 
 def main(spec_dir: str) -> int:
@@ -136,6 +159,10 @@ def main(spec_dir: str) -> int:
                 pass
     finally:
         hooks.uninstall()
+    if listener.in_step:  # a DDP script's gloo threads can abort the interpreter's teardown: leave without it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

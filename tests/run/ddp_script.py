@@ -1,0 +1,47 @@
+"""A DistributedDataParallel training script as a user writes it (no debug-nan inside), for torchrun on CPU:
+
+    torchrun --nproc_per_node=2 ddp_script.py [--bug none|masked|overflow|lr] [--steps N] [--lr LR]
+
+Every rank builds the same model (seed 0), wraps it in DDP (gloo) and trains on its own share of the batches:
+rank r takes batches r, r + world, ... (each step one micro-batch per rank). Rank 0 prints the loss averaged
+over the ranks every step. --bug masked: rank 1's batch of step 2 has a sample with no valid key (NaN in the
+softmax, on rank 1 only); overflow: both ranks' batches of step 3 have targets ~1e20; lr: a learning rate that
+explodes the gradients.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import models
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr"])
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--lr", type=float, default=1e-2)
+parser.add_argument("--exit-code", type=int, default=0)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DistributedDataParallel(models.Net())
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e3 if args.bug == "lr" else args.lr)
+at = {"masked": {"empty_at": (1 * world + 1,)}, "overflow": {"big_at": (2 * world, 2 * world + 1)}}
+data = models.batches(n=args.steps * world, **at.get(args.bug, {}))[rank::world]
+
+for step, batch in enumerate(data, start=1):
+    loss = models.regression_loss(model, batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    if rank == 0:
+        print(f"step {step} loss {mean.item() / world:.6f}", flush=True)
+dist.destroy_process_group()
+sys.exit(args.exit_code)
