@@ -9,6 +9,7 @@ run exits with the script's own code.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -109,9 +110,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     """-> (the exit code, whether every rank ends at the same point: an agreed trip or stop, or a clean end)."""
     command = commands.resolve(words)
     main_rank = ranks is None or ranks.is_main
-    outputs = Outputs(options.report if main_rank else None, None, False, options.log if main_rank else None,
-                      "stop")
-    log = outputs.log = Log(options.log if main_rank else None, stream=sys.stderr if main_rank else _silent())
+    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
+    # another rank's lines are held back: shown (marked with its rank) only if it ends alone
+    log = outputs.log = Log(options.log, stream=sys.stderr) if main_rank else Log(None, stream=io.StringIO())
     outputs.open()
     log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
         f"output as it is)")
@@ -175,13 +176,26 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                    "exit_code_of_command": code}
     if ranks is not None:
         integration["world_size"] = ranks.world
-    result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final)
     together = error is None and interrupted is None and (m.pending is None or m.pending.first_ranks is not None)
+    if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
+        log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
+    result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
+                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
     return final(result), together
 
 
-def _silent():
-    return open(os.devnull, "w")
+class _RankMarked:
+    """stderr for another rank's log lines, each marked with the rank (`held`: its lines so far)."""
+
+    def __init__(self, rank: int, held: str):
+        self.prefix = f"[rank {rank}] "
+        self.write(held)
+
+    def write(self, text: str) -> None:
+        sys.stderr.write("".join(self.prefix + line for line in text.splitlines(keepends=True)))
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, deterministic: bool,
@@ -194,7 +208,10 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
     where = f"step {trip.step}, micro-batch {trip.micro}"
     seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
             else f"the command raised {describe_exception(trip.error)}" if trip.error is not None else "")
-    if ranks is not None:
+    alone = ranks is not None and trip.first_ranks is None  # the script raised on this rank: not agreed on
+    if alone:
+        seen = f"on rank {ranks.rank} alone, {seen}"
+    elif ranks is not None:
         seen = (f"rank(s) {trip.first_ranks} saw it first (phase {trip.phase}); rank {ranks.rank}: "
                 f"{seen or 'nothing non-finite of its own'}")
     log(f"  [watch] TRIP at {where}: {seen}", "red")
@@ -204,17 +221,17 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
     if trip.phase == "data" or trip.phase is None and check is not None and check.kind == "data":
         if check is not None and check.kind == "data":
             finding = data_finding(trip.step, trip.micro, trip.batch, check)
+    elif alone:  # the others may wait in a collective (torchrun ends them once this rank exits)
+        finding, error = _answer_finding(m, trip, {"missing": (
+            "the script raised on this rank alone, and a DDP script cannot be re-executed on one rank (its "
+            "collectives would wait for the others): no op is named")}, say, True)
     else:
         phase = "its optimizer step" if trip.optimizer else "forward, loss, backward"
         log(f"  [pinpoint] mechanism: {MECHANISM}. Re-running the command{' on every rank' if ranks else ''} "
             f"with the op-level tracer on at {where} ({phase})...")
-        trace = ranks is None or ranks.rank in (trip.first_ranks or ())
-        alone = ranks is not None and trip.first_ranks is None  # the script raised here: not agreed on
+        trace = ranks is None or ranks.rank in trip.first_ranks
         try:
-            answer = ({"missing": f"the script raised on rank {ranks.rank} alone, and a DDP script cannot be "
-                                  f"re-executed on one rank (its collectives would wait for the others)"} if alone
-                      else reexecute(words, cwd, trip, m.history.losses, rng, deterministic, ranks, trace,
-                                     timeout_s))
+            answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic, ranks, trace, timeout_s)
         except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the trip the watch saw still stands
             interrupted = exc
             answer = {"missing": f"the re-execution was interrupted ({interrupts.interrupt_name(exc)}) before "

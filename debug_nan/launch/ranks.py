@@ -71,14 +71,17 @@ class Ranks:
         prefix = f"{self.rounds}-{name}"
         self.store.set(f"{prefix}/{self.rank}", value)
         keys = [f"{prefix}/{r}" for r in range(self.world)]
+        self._wait(name, keys, timeout_s)
+        return [self.store.get(k).decode() for k in keys]
+
+    def _wait(self, name: str, keys: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.store.check(keys):
             if time.monotonic() > deadline:
-                missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-                raise RanksUnanswered(f"rank(s) {missing} did not reach `{name}` within {timeout_s:.0f} s (failed "
-                                      f"or hung)")
+                missing = [k.rsplit("/", 1)[1] for k in keys if not self.store.check([k])]
+                raise RanksUnanswered(f"rank(s) {', '.join(missing)} did not reach `{name}` within {timeout_s:.0f} "
+                                      f"s (failed or hung)")
             time.sleep(0.02)
-        return [self.store.get(k).decode() for k in keys]
 
     def post(self, name: str, value: str) -> None:
         """A value the others may look at while they wait (`posted`), outside an exchange round."""
@@ -125,6 +128,12 @@ class Ranks:
         if self.store is not None and together:
             try:
                 self.exchange("leave", str(code), timeout_s=120.0)
+                # rank 0 leaves last: outside torchrun its process hosts the store the others still read
+                gone = f"{self.rounds}-gone"
+                if self.is_main:
+                    self._wait("gone", [f"{gone}/{r}" for r in range(1, self.world)], timeout_s=30.0)
+                else:
+                    self.store.set(f"{gone}/{self.rank}", "")
             except (RanksUnanswered, RuntimeError):
                 pass  # a rank that died is torchrun's to report; this one leaves with its own code
         atexit._run_exitfuncs()

@@ -55,6 +55,7 @@ class Retrace:
         self.in_step = spec.get("ddp", False)
         self.trace = spec.get("trace", True)
         self.answered: dict | None = None
+        self.hooks: Hooks | None = None  # whose `root` says whether the model is wrapped (DDP)
 
     def attach(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -67,7 +68,8 @@ class Retrace:
         self.tracer.__enter__()
         for path, t in flat_tensors(batch):
             self.tracer.mark(t, path, "data")
-        self.tracer.context._pre(self.model, (), {})  # inside the root's forward: its own hook ran already
+        if self.hooks is None or self.hooks.root is self.model:  # (a DDP wrapper's inner module: its hook will run)
+            self.tracer.context._pre(self.model, (), {})  # inside the root's forward: its own hook ran already
 
     def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None:
         value = float(loss.double()) if loss.numel() == 1 else math.nan
@@ -142,12 +144,13 @@ def main(spec_dir: str) -> int:
     folder = Path(spec_dir)
     spec = json.loads((folder / "spec.json").read_text())
     listener = Retrace(spec, folder / "answer.json")
-    hooks = Hooks(listener)
+    hooks = listener.hooks = Hooks(listener)
     restore_rng(torch.load(folder / "rng.pt", weights_only=False), torch.device("cpu"))  # the run's start state
     deterministic_algorithms(spec["deterministic"])
     hooks.install()
+    code = 0
     try:
-        commands.run(commands.resolve(spec["words"]))
+        code = commands.run(commands.resolve(spec["words"]))
     except RunStopped:
         pass
     except Exception as exc:  # noqa: BLE001 - the script raised: the origin before it, if it was traced
@@ -162,7 +165,7 @@ def main(spec_dir: str) -> int:
     if listener.in_step:  # a DDP script's gloo threads can abort the interpreter's teardown: leave without it
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
     return 0
 
 

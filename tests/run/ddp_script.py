@@ -24,6 +24,9 @@ parser.add_argument("--bug", default="none", choices=["none", "masked", "overflo
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--noise-on-rank1", action="store_true", help="rank 1 adds noise from the OS: not reproducible")
+parser.add_argument("--exit-in-rerun", metavar="FILE", help="rank 1 leaves at step 1 when FILE exists (it writes it)")
+parser.add_argument("--raise-on-rank1", action="store_true", help="rank 1 raises a ValueError at step 3")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -33,8 +36,18 @@ model = DistributedDataParallel(models.Net())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e3 if args.bug == "lr" else args.lr)
 at = {"masked": {"empty_at": (1 * world + 1,)}, "overflow": {"big_at": (2 * world, 2 * world + 1)}}
 data = models.batches(n=args.steps * world, **at.get(args.bug, {}))[rank::world]
+if args.noise_on_rank1 and rank == 1:
+    noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for batch in data:
+        batch["x"] += 1e-3 * torch.randn(batch["x"].shape, generator=noise)
+if args.exit_in_rerun and rank == 1:
+    if os.path.exists(args.exit_in_rerun):
+        sys.exit(5)  # a second run of this rank ends before it trains: its peers wait in their first all-reduce
+    open(args.exit_in_rerun, "w").close()
 
 for step, batch in enumerate(data, start=1):
+    if args.raise_on_rank1 and rank == 1 and step == 3:
+        raise ValueError("rank 1 cannot read its batch")
     loss = models.regression_loss(model, batch)
     loss.backward()
     optimizer.step()
