@@ -58,7 +58,11 @@ class Watching:
                                 max_steps=self.options.max_steps or 1, seed=0,
                                 explosion_threshold=self.options.explosion_threshold,
                                 explosion_growth=self.options.explosion_growth)
-        ctx = self.ranks.adopt() if self.ranks is not None else None
+        try:
+            ctx = self.ranks.adopt() if self.ranks is not None else None
+        except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
+            self.hooks.failure = exc
+            raise RunStopped("error") from None
         self.monitor = RunMonitor(model, optimizer, settings, self.log, dist_ctx=ctx)
         count = sum(p.numel() for p in model.parameters())
         self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
