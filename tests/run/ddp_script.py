@@ -6,7 +6,7 @@ Every rank builds the same model (seed 0), wraps it in DDP (gloo) and trains on 
 rank r takes batches r, r + world, ... (each step one micro-batch per rank). Rank 0 prints the loss averaged
 over the ranks every step. --bug masked: rank 1's batch of step 2 has a sample with no valid key (NaN in the
 softmax, on rank 1 only); overflow: both ranks' batches of step 3 have targets ~1e20; lr: a learning rate that
-explodes the gradients.
+explodes the gradients; nan-lr: the learning rate is NaN in step 2's update (a NaN in every parameter).
 """
 
 import argparse
@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 import models
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr"])
+parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
@@ -50,6 +50,8 @@ for step, batch in enumerate(data, start=1):
         raise ValueError("rank 1 cannot read its batch")
     loss = models.regression_loss(model, batch)
     loss.backward()
+    if args.bug == "nan-lr" and step == 2:
+        optimizer.param_groups[0]["lr"] = float("nan")  # a schedule gone wrong, on every rank
     optimizer.step()
     optimizer.zero_grad()
     mean = loss.detach().clone()
