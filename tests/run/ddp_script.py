@@ -1,12 +1,13 @@
 """A DistributedDataParallel training script as a user writes it (no debug-nan inside), for torchrun on CPU:
 
-    torchrun --nproc_per_node=2 ddp_script.py [--bug none|masked|overflow|lr] [--steps N] [--lr LR]
+    torchrun --nproc_per_node=2 ddp_script.py [--bug none|masked|overflow|lr|nan-lr|nan-batch] [--steps N] [--lr LR]
 
 Every rank builds the same model (seed 0), wraps it in DDP (gloo) and trains on its own share of the batches:
 rank r takes batches r, r + world, ... (each step one micro-batch per rank). Rank 0 prints the loss averaged
 over the ranks every step. --bug masked: rank 1's batch of step 2 has a sample with no valid key (NaN in the
 softmax, on rank 1 only); overflow: both ranks' batches of step 3 have targets ~1e20; lr: a learning rate that
-explodes the gradients; nan-lr: the learning rate is NaN in step 2's update (a NaN in every parameter).
+explodes the gradients; nan-lr: the learning rate is NaN in step 2's update (a NaN in every parameter);
+nan-batch: rank 1's batch of step 2 holds a NaN.
 """
 
 import argparse
@@ -20,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 import models
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr"])
+parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
@@ -36,6 +37,8 @@ model = DistributedDataParallel(models.Net())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e3 if args.bug == "lr" else args.lr)
 at = {"masked": {"empty_at": (1 * world + 1,)}, "overflow": {"big_at": (2 * world, 2 * world + 1)}}
 data = models.batches(n=args.steps * world, **at.get(args.bug, {}))[rank::world]
+if args.bug == "nan-batch" and rank == 1:
+    data[1]["x"][3, 0, 0] = float("nan")  # a corrupt value in rank 1's batch of step 2
 if args.noise_on_rank1 and rank == 1:
     noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     for batch in data:

@@ -102,6 +102,15 @@ def test_nan_on_some_ranks_is_traced_on_the_rank_that_saw_it_first(tmp_path, bug
     assert first["op"] == {"masked": "aten._softmax.default", "overflow": "aten.pow.Tensor_Scalar"}[bug]
 
 
+def test_a_nan_in_rank_1s_batch_is_a_data_finding_without_re_execution(tmp_path):
+    done, data = watched(tmp_path, "--bug", "nan-batch")
+    assert [d.returncode for d in done] == [1, 1], done[0].stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["phase"], first["cause"], first["rank"], first["first_ranks"]) == (
+        2, "data", "nonfinite_input", 1, [1])
+    assert "positions [[3, 0, 0]]" in first["explanation"] and "Re-running" not in done[0].stderr
+
+
 def test_lr_explosion_on_both_ranks_stops_every_rank_at_the_same_step(tmp_path):
     done, data = watched(tmp_path, "--bug", "lr")
     assert [d.returncode for d in done] == [1, 1], done[0].stderr
