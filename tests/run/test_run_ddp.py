@@ -64,8 +64,11 @@ def watched(tmp_path, *args: str) -> tuple[list[subprocess.CompletedProcess], di
 def test_healthy_ddp_script_prints_exactly_its_own_output_under_torchrun(tmp_path):
     alone = torchrun(SCRIPT, cwd=tmp_path)
     report = tmp_path / "run.json"
-    done = torchrun("-m", "debug_nan", "run", "--report", str(report), "--", SCRIPT, cwd=tmp_path)
+    log = tmp_path / "log.txt"  # (--log-file: torchrun's own parser takes --log for its --log-dir)
+    done = torchrun("-m", "debug_nan", "run", "--report", str(report), "--log-file", str(log), "--", SCRIPT,
+                    cwd=tmp_path)
     assert alone.returncode == 0 and done.returncode == 0, done.stderr
+    assert "CLEAN: 4 step(s)" in log.read_text()
     assert done.stdout == alone.stdout and alone.stdout.count("\n") == 4
     data = json.loads(report.read_text())
     assert (data["status"], data["steps_run"], data["exit_code"], data["integration"]["world_size"]) == (
