@@ -129,10 +129,15 @@ class RunMonitor(FrameworkMonitor):
 
     def finish(self):
         """The last update's check. A script that destroyed its process group at its end cannot agree on it:
-        the parameters are replicas under DDP, so every rank decides the same alone."""
-        if self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized()):
+        the parameters are replicas under DDP, so every rank decides the same alone, and all re-execute."""
+        alone = self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized())
+        if alone:
             self.session.p.agreement = None
-        return super().finish()
+        finding = super().finish()
+        if alone and self.pending is not None:
+            self.pending.first_ranks = list(range(self.dist.world))
+            self.pending.phase = CODE_PHASE[PHASE_CODE["param"]]
+        return finding
 
     @property
     def pending(self) -> Trip | None:

@@ -123,13 +123,15 @@ def test_lr_explosion_on_both_ranks_stops_every_rank_at_the_same_step(tmp_path):
     assert done[0].stdout == "step 1 loss 1.081624\n"  # the script's step 2 print never came: stopped before
 
 
-def test_a_nan_learning_rate_on_every_rank_is_traced_in_the_optimizer_step(tmp_path):
-    done, data = watched(tmp_path, "--bug", "nan-lr")
+@pytest.mark.parametrize("steps", ["4", "2"])  # 2: the last update, checked after the script destroyed its group
+def test_a_nan_learning_rate_on_every_rank_is_traced_in_the_optimizer_step(tmp_path, steps):
+    done, data = watched(tmp_path, "--bug", "nan-lr", "--steps", steps)
     assert [d.returncode for d in done] == [1, 1], done[0].stderr
     first = data["first_nonfinite"]
     assert (first["step"], first["phase"], first["op"], first["cause"], first["rank"], first["first_ranks"]) == (
         2, "optimizer", "aten.mul_.Tensor", "nonfinite_parameter", 0, [0, 1])
-    assert first["source"].endswith("ddp_script.py:55") and "The learning rate is nan" in first["explanation"]
+    line = Path(SCRIPT).read_text().splitlines().index("    optimizer.step()") + 1
+    assert first["source"] == f"tests/run/ddp_script.py:{line}" and "The learning rate is nan" in first["explanation"]
 
 
 def test_a_rank_that_is_not_deterministic_gets_the_watch_finding_only(tmp_path):
