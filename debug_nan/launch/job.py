@@ -24,7 +24,7 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
 from debug_nan.launch.hooks import Hooks, RunStopped
-from debug_nan.launch.ranks import Ranks
+from debug_nan.launch.ranks import Ranks, RanksUnanswered
 from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_rng
 from debug_nan.launch.watcher import RunMonitor
 from debug_nan.report import interrupts
@@ -242,7 +242,13 @@ def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, de
                                  f"it named the op"}
         finding, error = _answer_finding(m, trip, answer, say, trace)
     if ranks is not None and trip.first_ranks is not None:
-        finding, error, lines = ranks.agree_on_finding(trip.first_ranks, finding, error, lines)
+        try:  # (another rank's re-execution may run up to its own limit after this one's ended)
+            finding, error, lines = ranks.agree_on_finding(trip.first_ranks, finding, error, lines,
+                                                           (timeout_s or 0.0) + 60.0)
+        except RanksUnanswered as exc:  # this rank's own pinpoint stands, said so
+            lines.append((f"  [ddp] {exc}: this rank's own pinpoint is reported", "yellow"))
+            if finding is not None:
+                finding.rank, finding.first_ranks = ranks.rank, trip.first_ranks
     elif ranks is not None and finding is not None:
         finding.rank, finding.first_ranks = ranks.rank, [ranks.rank]
     for text, colour in lines:

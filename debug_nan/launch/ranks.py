@@ -101,15 +101,15 @@ class Ranks:
                 port = str(s.getsockname()[1])
         return int(self.exchange("port", port)[0])
 
-    def agree_on_finding(self, first: list[int], finding: Finding | None, error: str | None,
-                         lines: list) -> tuple[Finding | None, str | None, list]:
+    def agree_on_finding(self, first: list[int], finding: Finding | None, error: str | None, lines: list,
+                         timeout_s: float = WAIT_S) -> tuple[Finding | None, str | None, list]:
         """Every rank's own pinpoint -> the reported one, the same on every rank: the first of the ranks that saw
         the harm first whose re-execution named an op, else the first of them (train/agreement.py's rule).
         Returns its finding (with its rank), its error and its log lines."""
         named = finding is not None and finding.detected_by != "watch"
         mine = json.dumps({"finding": finding.to_dict() if finding is not None else None, "error": error,
                            "lines": lines, "named": named})
-        answers = [json.loads(a) for a in self.exchange("finding", mine)]
+        answers = [json.loads(a) for a in self.exchange("finding", mine, timeout_s)]
         src = next((r for r in first if answers[r]["named"]), first[0])
         chosen = answers[src]
         finding = Finding(**chosen["finding"]) if chosen["finding"] is not None else None
