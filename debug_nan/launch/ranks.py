@@ -104,9 +104,12 @@ class Ranks:
     def agree_on_finding(self, first: list[int], finding: Finding | None, error: str | None, lines: list,
                          timeout_s: float = WAIT_S) -> tuple[Finding | None, str | None, list]:
         """Every rank's own pinpoint -> the reported one, the same on every rank: the first of the ranks that saw
-        the harm first whose re-execution named an op, else the first of them (train/agreement.py's rule).
+        the harm first whose re-execution named the op that made it, else the first of them (train/agreement.py's
+        rule).
         Returns its finding (with its rank), its error and its log lines."""
-        named = finding is not None and finding.detected_by != "watch"
+        # named: an op made the value non-finite here. A tensor that already was (`op` empty) is not: under DDP a
+        # rank's gradients turn non-finite in the all-reduce that brings another rank's NaN
+        named = finding is not None and finding.detected_by != "watch" and bool(finding.op)
         mine = json.dumps({"finding": finding.to_dict() if finding is not None else None, "error": error,
                            "lines": lines, "named": named})
         answers = [json.loads(a) for a in self.exchange("finding", mine, timeout_s)]

@@ -1,13 +1,14 @@
 """A DistributedDataParallel training script as a user writes it (no debug-nan inside), for torchrun on CPU:
 
-    torchrun --nproc_per_node=2 ddp_script.py [--bug none|masked|overflow|lr|nan-lr|nan-batch] [--steps N] [--lr LR]
+    torchrun --nproc_per_node=2 ddp_script.py [--bug BUG] [--steps N] [--lr LR]
 
 Every rank builds the same model (seed 0), wraps it in DDP (gloo) and trains on its own share of the batches:
 rank r takes batches r, r + world, ... (each step one micro-batch per rank). Rank 0 prints the loss averaged
 over the ranks every step. --bug masked: rank 1's batch of step 2 has a sample with no valid key (NaN in the
 softmax, on rank 1 only); overflow: both ranks' batches of step 3 have targets ~1e20; lr: a learning rate that
 explodes the gradients; nan-lr: the learning rate is NaN in step 2's update (a NaN in every parameter);
-nan-batch: rank 1's batch of step 2 holds a NaN.
+nan-batch: rank 1's batch of step 2 holds a NaN; zero-norm: rank 1's loss of step 2 adds the sqrt of a zero
+tensor (finite, but NaN in its backward: the gradients of both ranks are NaN after DDP's all-reduce).
 """
 
 import argparse
@@ -21,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 import models
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch"])
+parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
@@ -52,6 +53,8 @@ for step, batch in enumerate(data, start=1):
     if args.raise_on_rank1 and rank == 1 and step == 3:
         raise ValueError("rank 1 cannot read its batch")
     loss = models.regression_loss(model, batch)
+    if args.bug == "zero-norm" and rank == 1 and step == 2:
+        loss = loss + (model.module.head.weight * 0).pow(2).sum().sqrt()  # finite; its backward 0 * inf = NaN
     loss.backward()
     if args.bug == "nan-lr" and step == 2:
         optimizer.param_groups[0]["lr"] = float("nan")  # a schedule gone wrong, on every rank

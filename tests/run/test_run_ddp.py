@@ -105,6 +105,17 @@ def test_nan_on_some_ranks_is_traced_on_the_rank_that_saw_it_first(tmp_path, bug
     assert first["op"] == {"masked": "aten._softmax.default", "overflow": "aten.pow.Tensor_Scalar"}[bug]
 
 
+def test_a_nan_born_in_rank_1s_backward_is_rank_1s_though_every_rank_saw_it_first(tmp_path):
+    """DDP's all-reduce inside the backward brings rank 1's NaN gradient to rank 0: both trip in the backward. Rank
+    0's re-execution finds its gradients non-finite with no op of its own that made them; rank 1's names the op."""
+    done, data = watched(tmp_path, "--bug", "zero-norm")
+    assert [d.returncode for d in done] == [1, 1], done[0].stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["phase"], first["rank"], first["first_ranks"]) == (2, "backward", 1, [0, 1])
+    assert (first["op"], first["backward_node"], first["cause"]) == (
+        "aten.div.Tensor", "SqrtBackward0", "grad_at_singularity")
+
+
 def test_a_nan_in_rank_1s_batch_is_a_data_finding_without_re_execution(tmp_path):
     done, data = watched(tmp_path, "--bug", "nan-batch")
     assert [d.returncode for d in done] == [1, 1], done[0].stderr
