@@ -151,6 +151,7 @@ def child_env(port: int) -> dict[str, str]:
     env = dict(os.environ)
     env["MASTER_PORT"] = str(port)
     env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+    env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun reads it for its workers' failures, not the children's
     return env
 
 

@@ -59,8 +59,10 @@ def test_the_reported_finding_is_the_first_named_one_among_the_first_ranks(other
 def test_the_children_rendezvous_on_the_agreed_port_with_rank_0_hosting_it(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", "/tmp/error.json")
     env = child_env(29555)
     assert (env["MASTER_PORT"], env["TORCHELASTIC_USE_AGENT_STORE"], env["RANK"]) == ("29555", "False", "1")
+    assert "TORCHELASTIC_ERROR_FILE" not in env
 
 
 def test_a_child_stranded_by_a_peer_that_ended_early_is_stopped(tmp_path, monkeypatch):
