@@ -130,11 +130,11 @@ class RunMonitor(FrameworkMonitor):
     def finish(self):
         """The last update's check. A script that destroyed its process group at its end cannot agree on it:
         the parameters are replicas under DDP, so every rank decides the same alone, and all re-execute."""
-        alone = self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized())
-        if alone:
+        group_gone = self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized())
+        if group_gone:
             self.session.p.agreement = None
         finding = super().finish()
-        if alone and self.pending is not None:
+        if group_gone and self.pending is not None:
             self.pending.first_ranks = list(range(self.dist.world))
             self.pending.phase = CODE_PHASE[PHASE_CODE["param"]]
         return finding
