@@ -241,8 +241,9 @@ def replay(bundle, device, report, log_path):
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own).")
+@click.option("--log", "--log-file", "log_path", type=click.Path(dir_okay=False), default=None,
+              help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own). Under "
+                   "torchrun write --log-file: torchrun's own parser takes --log for its --log-dir.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Stop the command after this many optimizer steps, with a clean summary.")
 @click.option("--explosion-threshold", type=float, default=DEFAULTS.explosion_threshold, show_default=True,
@@ -261,7 +262,9 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     script. It runs in this process (its sys.argv, __main__, working directory and exit code as usual); the
     watch attaches to the optimizer it creates and the model that owns its parameters. On the first NaN/Inf the
     command is stopped and re-executed with the op-level tracer on at the failing micro-batch (exit 1). A clean
-    run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own."""
+    run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own.
+    Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py ARGS; the
+    ranks stop together and are re-executed together."""
     from debug_nan.launch.job import RunOptions, run_command
 
     options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)

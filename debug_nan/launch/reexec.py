@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import torch
 
 from debug_nan.checks.snapshot import capture_rng
 from debug_nan.frames import PACKAGE_PARENT
+from debug_nan.launch.ranks import child_env
+
+STRANDED_GRACE_S = 3.0  # a rank's child may finish its last ops a little after another's ended
 
 
 def start_rng() -> dict:
@@ -39,24 +43,63 @@ def deterministic_algorithms(on: bool) -> bool:
     return before
 
 
-def reexecute(words: list[str], cwd: str, trip, losses, rng: dict, deterministic: bool = False) -> dict:
+def reexecute(words: list[str], cwd: str, trip, losses, rng: dict, deterministic: bool = False, ranks=None,
+              trace: bool = True, timeout_s: float | None = None) -> dict:
     """Run the command again under the tracer for `trip` (launch.watcher.Trip) -> the child's answer:
-    {"finding": {...}} | {"diverged": why} | {"error": why} | {"missing": why} (no answer came back)."""
+    {"finding": {...}} | {"diverged": why} | {"error": why} | {"missing": why} (no answer came back).
+    Under torchrun (`ranks`, launch/ranks.py) every rank runs this at once: the children rendezvous on a fresh
+    port and run in step to the end of the failing micro-batch (its optimizer step); `trace`: this rank's child
+    traces (it saw the harm first), else it only takes part in the collectives."""
     with tempfile.TemporaryDirectory(prefix="debug-nan-run-") as folder:
         spec = {"words": words, "trip": {"step": trip.step, "micro": trip.micro, "optimizer": trip.optimizer,
                                          "check": asdict(trip.check) if trip.check is not None else None},
-                "losses": list(losses), "deterministic": deterministic}
+                "losses": list(losses), "deterministic": deterministic, "ddp": ranks is not None, "trace": trace}
         Path(folder, "spec.json").write_text(json.dumps(spec))
         torch.save(rng, Path(folder, "rng.pt"))
-        env = dict(os.environ)
+        env = child_env(ranks.fresh_port()) if ranks is not None else dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), PACKAGE_PARENT) if p)
-        output = Path(folder, "output.txt")
+        output, answer = Path(folder, "output.txt"), Path(folder, "answer.json")
         with output.open("w") as out:
-            done = subprocess.run([sys.executable, "-m", "debug_nan.launch.retrace", folder], cwd=cwd, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        answer = Path(folder, "answer.json")
+            child = subprocess.Popen([sys.executable, "-m", "debug_nan.launch.retrace", folder], cwd=cwd, env=env,
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                stopped = _supervise(child, ranks, answer, timeout_s)
+            finally:
+                if child.poll() is None:  # interrupted: the child goes too
+                    child.kill()
+                    child.wait()
         if answer.exists():
             return json.loads(answer.read_text())
         tail = output.read_text(errors="replace").strip().splitlines()[-8:]
-        return {"missing": f"the re-execution ended (exit {done.returncode}) without reaching step {trip.step}, "
-                           f"micro-batch {trip.micro}" + (": " + " | ".join(tail) if tail else "")}
+        return {"missing": (stopped or f"the re-execution ended (exit {child.returncode}) without reaching step "
+                                       f"{trip.step}, micro-batch {trip.micro}") + (": " + " | ".join(tail) if tail
+                                                                                   else "")}
+
+
+def _supervise(child: subprocess.Popen, ranks, answer: Path, timeout_s: float | None) -> str | None:
+    """Wait for the child. Under torchrun, never a hang: a child still running after another rank's ended
+    early (it failed, or diverged and stopped) waits in a collective that will not come, and one past
+    `timeout_s` is stuck: it is stopped, and the reason returned. Each rank posts how its child ended."""
+    if ranks is None:
+        child.wait()
+        return None
+    deadline = time.monotonic() + (timeout_s or 600.0)
+    stranded_since, stopped = None, None
+    while child.poll() is None:
+        early = [r for r, how in ranks.posted("reexec-end").items() if how != "lockstep"]
+        now = time.monotonic()
+        if early and stranded_since is None:
+            stranded_since = now
+        if stranded_since is not None and now - stranded_since > STRANDED_GRACE_S:
+            stopped = (f"the re-execution of rank {early[0]} ended before the failing micro-batch's end, so this "
+                       f"rank's (waiting for it in a collective) was stopped")
+        elif now > deadline:
+            stopped = f"the re-execution did not finish within {timeout_s:.0f} s (3x the run's time + 2 min)"
+        if stopped:
+            child.kill()
+            child.wait()
+            break
+        time.sleep(0.05)
+    ended = json.loads(answer.read_text()).get("lockstep") if answer.exists() else False
+    ranks.post("reexec-end", "lockstep" if ended else "early")
+    return stopped

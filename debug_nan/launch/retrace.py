@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import sys
 import traceback
@@ -49,27 +50,35 @@ class Retrace:
         self.seen = 0  # micro-batches whose loss was compared
         self.model = self.optimizer = self.tracer = None
         self.batch = None
+        # under torchrun every rank's re-execution runs on to the end of the failing micro-batch (its optimizer
+        # step), whatever it found on the way: a rank that stopped earlier would strand the others in a collective
+        self.in_step = spec.get("ddp", False)
+        self.trace = spec.get("trace", True)
+        self.answered: dict | None = None
+        self.hooks: Hooks | None = None  # whose `root` says whether the model is wrapped (DDP)
 
     def attach(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
     def micro_begin(self, batch, step: int, micro: int) -> None:
-        if self.trip["optimizer"] or (step, micro) != self.target:
+        if self.trip["optimizer"] or (step, micro) != self.target or not self.trace or self.answered:
             return
         self.batch = batch
         self.tracer = Tracer(self.model)
         self.tracer.__enter__()
         for path, t in flat_tensors(batch):
             self.tracer.mark(t, path, "data")
-        self.tracer.context._pre(self.model, (), {})  # inside the root's forward: its own hook ran already
+        if self.hooks is None or self.hooks.root is self.model:  # (a DDP wrapper's inner module: its hook will run)
+            self.tracer.context._pre(self.model, (), {})  # inside the root's forward: its own hook ran already
 
     def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None:
         value = float(loss.double()) if loss.numel() == 1 else math.nan
-        if self.seen < len(self.expected) and not same_bits(value, self.expected[self.seen]):
+        if self.answered is None and self.seen < len(self.expected) and not same_bits(value,
+                                                                                      self.expected[self.seen]):
             expected = self.expected[self.seen]
             self.write({"diverged": f"the loss of micro-batch {micro} of step {step} was {expected!r} in the run and "
                                     f"{value!r} in its re-execution"})
-            raise RunStopped("traced")
+            self.stop()
         self.seen += 1
         if self.tracer is not None and not self.trip["optimizer"] and self.tracer.origin_of([loss]) is not None:
             self.conclude([loss])
@@ -77,9 +86,11 @@ class Retrace:
     def backward_end(self, step: int, micro: int) -> None:
         if self.tracer is not None and not self.trip["optimizer"]:
             self.conclude([p.grad for p in self.model.parameters() if p.grad is not None])
+        if self.in_step and not self.trip["optimizer"] and (step, micro) == self.target:
+            self.end_in_step()
 
     def step_begin(self, step: int) -> None:
-        if self.trip["optimizer"] and step == self.target[0]:
+        if self.trip["optimizer"] and step == self.target[0] and self.trace and not self.answered:
             self.tracer = Tracer(self.model)
             self.tracer.__enter__()
             self.tracer.phase_override = Phase.OPTIMIZER
@@ -89,6 +100,8 @@ class Retrace:
     def step_end(self, step: int, skipped: bool) -> None:
         if self.tracer is not None and self.trip["optimizer"]:
             self.conclude([t for _, t in param_and_state_tensors(self.model.named_parameters(), self.optimizer)])
+        if self.in_step and self.trip["optimizer"] and step == self.target[0]:
+            self.end_in_step()
 
     def conclude(self, harmed: list, error: BaseException | None = None) -> None:
         """The tracer's origin in the lineage of `harmed` -> the Finding, written; the script stops."""
@@ -109,22 +122,35 @@ class Retrace:
             self.write({"finding": finding.to_dict(), "ops": tracer.ops_seen, "origins": len(tracer.origins)})
         except TaskFailure as failure:
             self.write({"error": str(failure)})
+        self.stop()
+
+    def stop(self) -> None:
+        """Answered: the script stops here, or under torchrun goes on untraced to the failing micro-batch's end."""
+        if not self.in_step:
+            raise RunStopped("traced")
+
+    def end_in_step(self) -> None:
+        """Under torchrun: every rank is at the failing micro-batch's end (past its collectives): stop."""
+        self.answer.write_text(json.dumps({**(self.answered or {"untraced": True}), "lockstep": True}))
         raise RunStopped("traced")
 
     def write(self, answer: dict) -> None:
-        self.answer.write_text(json.dumps(answer))
+        if self.answered is None:  # the first answer stands (under torchrun the run goes on after it)
+            self.answered = answer
+            self.answer.write_text(json.dumps(answer))
 
 
 def main(spec_dir: str) -> int:
     folder = Path(spec_dir)
     spec = json.loads((folder / "spec.json").read_text())
     listener = Retrace(spec, folder / "answer.json")
-    hooks = Hooks(listener)
+    hooks = listener.hooks = Hooks(listener)
     restore_rng(torch.load(folder / "rng.pt", weights_only=False), torch.device("cpu"))  # the run's start state
     deterministic_algorithms(spec["deterministic"])
     hooks.install()
+    code = 0
     try:
-        commands.run(commands.resolve(spec["words"]))
+        code = commands.run(commands.resolve(spec["words"]))
     except RunStopped:
         pass
     except Exception as exc:  # noqa: BLE001 - the script raised: the origin before it, if it was traced
@@ -136,6 +162,10 @@ def main(spec_dir: str) -> int:
                 pass
     finally:
         hooks.uninstall()
+    if listener.in_step:  # a DDP script's gloo threads can abort the interpreter's teardown: leave without it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return 0
 
 

@@ -15,8 +15,10 @@ from array import array
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from debug_nan.checks.history import History
+from debug_nan.checks.watch import CODE_PHASE, PHASE_CODE
 from debug_nan.checks.watch_result import Check
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import RunStopped
@@ -34,6 +36,8 @@ class Trip:
     error: BaseException | None
     optimizer: bool
     batch: object  # the micro-batch's model inputs, as captured
+    first_ranks: list[int] | None = None  # under torchrun: the ranks that saw it in the earliest phase
+    phase: str | None = None  # ... and that phase (train/agreement.py's rule: the earliest wins)
 
 
 class RunHistory(History):
@@ -64,6 +68,27 @@ class RunSession(StepSession):
         super().__init__(driver, policies, watch)
         self.history = RunHistory()
         self.pending: Trip | None = None
+        self.overflow_skipped = False
+
+    def decide(self, o: MicroOutcome):
+        """Under torchrun every rank stops at the micro-batch the ranks agreed on, the ones that did not see the
+        harm first too (the agreement pinpoints on the first ones only): all re-execute it together."""
+        self.overflow_skipped = False
+        finding = super().decide(o)
+        codes = o.rank_codes
+        if self.p.agreement is None or not codes or max(codes) == 0 or self.overflow_skipped:
+            return finding
+        top = max(codes)
+        first = [r for r, c in enumerate(codes) if c == top]
+        if self.pending is None and finding is None:
+            self.pinpoint(o)
+            if self.pending is None:  # a parameter check with no step before it: nothing to re-execute
+                return finding
+        if self.pending is not None:
+            self.pending.first_ranks, self.pending.phase = first, CODE_PHASE[int(top)]
+            if top == PHASE_CODE["param"]:  # every rank's own check read the same replicated parameters
+                self.pending.optimizer = True
+        return finding
 
     def pinpoint(self, o: MicroOutcome, trace: bool = True):
         if o.check is not None and o.check.kind == "param":
@@ -85,6 +110,7 @@ class RunSession(StepSession):
         return o.record.scaler_skipped or self.scaler.get_scale() >= 1.0
 
     def skip_overflow(self, o: MicroOutcome) -> None:
+        self.overflow_skipped = True
         if not o.record.scaler_skipped:
             self.log(f"  [fp16] non-finite gradients at step {o.inputs.step} under a loss scale of "
                      f"{self.scaler.get_scale():g}: taken for the GradScaler's overflow (it skips the step and "
@@ -97,9 +123,21 @@ class RunMonitor(FrameworkMonitor):
     session_class = RunSession
     snapshot_mode = "off"
 
-    def __init__(self, model, optimizer, settings, log):
-        super().__init__(model, optimizer, settings, log)
+    def __init__(self, model, optimizer, settings, log, dist_ctx=None):
+        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx)
         self.step_open = False
+
+    def finish(self):
+        """The last update's check. A script that destroyed its process group at its end cannot agree on it:
+        the parameters are replicas under DDP, so every rank decides the same alone, and all re-execute."""
+        group_gone = self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized())
+        if group_gone:
+            self.session.p.agreement = None
+        finding = super().finish()
+        if group_gone and self.pending is not None:
+            self.pending.first_ranks = list(range(self.dist.world))
+            self.pending.phase = CODE_PHASE[PHASE_CODE["param"]]
+        return finding
 
     @property
     def pending(self) -> Trip | None:

@@ -36,3 +36,8 @@ def unlabelled():
 
 def high_lr():
     return _task(lr=1e3)
+
+
+def overflow_both():
+    """Under torchrun with 2 ranks: batches 4 and 5 are the two ranks' batches of step 3."""
+    return _task(big_at=(4, 5))

@@ -26,6 +26,15 @@ for batch in models.batches(empty_at=(2,)):
     optimizer.zero_grad()
 """
 
+PLAIN_TRAIN = """import torch
+from tests.run import models
+
+model = models.Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+models.regression_loss(model, models.batches(n=1)[0]).backward()
+print("never")
+"""
+
 KEYERROR = """import torch
 from tests.run import models
 
@@ -119,12 +128,15 @@ def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
     assert f"({'module' if form == 'module' else 'entry point'};" in stderr
 
 
-def test_torchrun_is_refused_with_a_reason(tmp_path, run_here, monkeypatch):
-    (tmp_path / "train.py").write_text("print('never')\n")
+def test_under_torchrun_a_script_without_a_process_group_is_refused_with_a_reason(tmp_path, run_here, monkeypatch):
+    """RANK / WORLD_SIZE say torchrun, but the script trains without init_process_group: the ranks could not
+    agree on a trip (tests/run/test_run_ddp.py runs real DDP scripts)."""
+    (tmp_path / "train.py").write_text(PLAIN_TRAIN)
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     done, stdout, stderr = run_here("python", "train.py")
     assert done.code == 2 and stdout == ""
-    assert "debug-nan run under torchrun (WORLD_SIZE > 1) is not supported yet" in stderr
+    assert "under torchrun (WORLD_SIZE=2) the script trained without an initialised process group" in stderr
     assert done.report["status"] == "error"
 
 
