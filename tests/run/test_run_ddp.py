@@ -24,7 +24,9 @@ FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause",
 
 
 def env() -> dict:
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    """The ranks' environment: the repository importable (tasks.py imports `tests.run.models`), as in pytest."""
+    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
