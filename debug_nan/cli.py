@@ -40,12 +40,7 @@ def fail(message: str, report: str | None = None, inputs: dict[str, str] | None 
 def write_error_report_safely(report: str, message: str, inputs: dict[str, str], outputs: dict[str, str]) -> None:
     from debug_nan.report.summary import write_error_report
 
-    try:
-        check_output_paths({"--report": report}, {**inputs, **{k: v for k, v in outputs.items() if k != "--report"}})
-        check_writable(report, "--report")
-        write_error_report(report, message, 2)
-    except InputError as exc:  # OutputWriteError included
-        click.echo(f"debug-nan: note: no error report written: {exc}", err=True)
+    _write_report_safely(report, inputs, outputs, lambda: write_error_report(report, message, 2), "error report")
 
 
 def write_interrupted_report_safely(report: str, exc: BaseException, inputs: dict[str, str],
@@ -56,12 +51,19 @@ def write_interrupted_report_safely(report: str, exc: BaseException, inputs: dic
     data = {"status": "clean", "interrupted": True, "steps_run": 0, "first_nonfinite": None, "findings": [],
             "exit_code": code, "notes": [f"Interrupted ({name}) before the run started: nothing was trained."],
             "debug_nan": debug_nan.__version__}
+    _write_report_safely(report, inputs, outputs,
+                         lambda: write_text_atomic(report, json.dumps(data, indent=2) + "\n", "--report"), "report")
+
+
+def _write_report_safely(report: str, inputs: dict[str, str], outputs: dict[str, str], write, what: str) -> None:
+    """Write a report of a run that never got to write its own: only where --report may go (not onto an input
+    or another output), and a failure to write it is a note, not a second error."""
     try:
         check_output_paths({"--report": report}, {**inputs, **{k: v for k, v in outputs.items() if k != "--report"}})
         check_writable(report, "--report")
-        write_text_atomic(report, json.dumps(data, indent=2) + "\n", "--report")
-    except InputError as exc2:  # OutputWriteError included
-        click.echo(f"debug-nan: note: no report written: {exc2}", err=True)
+        write()
+    except InputError as exc:  # OutputWriteError included
+        click.echo(f"debug-nan: note: no {what} written: {exc}", err=True)
 
 
 def _exit(code: int) -> None:

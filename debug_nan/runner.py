@@ -18,7 +18,7 @@ import torch
 
 import debug_nan
 from debug_nan.checks.driver import is_out_of_memory
-from debug_nan.data.memory import available_bytes
+from debug_nan.data.memory import available_bytes, size_text
 from debug_nan.data.tokens import ASV_LEN
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
@@ -59,10 +59,7 @@ def _bytes(text: str) -> float | None:
 
 
 def _size(n: float) -> str:
-    for unit in ("GiB", "MiB", "KiB"):
-        if n >= UNITS[unit]:
-            return f"{n / UNITS[unit]:.2f} {unit}"
-    return f"{n:.0f} B"
+    return size_text(n, 2)
 
 
 def builtin_model_sizes(s: RunSettings) -> list[tuple[str, float, str]]:

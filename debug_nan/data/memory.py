@@ -4,6 +4,7 @@ limit minus its usage. None when neither can be read (then nothing is refused)."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -14,7 +15,10 @@ def _meminfo_available() -> int | None:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:  # not Linux: the free pages
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _cgroup_available() -> int | None:
@@ -33,8 +37,9 @@ def available_bytes() -> int | None:
     return min(known) if known else None
 
 
-def size_text(n: float) -> str:
+def size_text(n: float, digits: int = 1) -> str:
+    """2.5 * 2**30 -> '2.5 GiB' (the units of CUDA's and the kernel's out-of-memory messages)."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.1f} {unit}"
+            return f"{n / size:.{digits}f} {unit}"
     return f"{n:.0f} B"

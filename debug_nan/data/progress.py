@@ -7,9 +7,10 @@ minute looks like a hang.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
+
+from debug_nan.data.memory import available_bytes
 
 
 def quiet(*_args, **_kwargs) -> None:
@@ -57,15 +58,6 @@ def file_size(path: str | Path) -> str:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory this process could still take: MemAvailable on Linux, free pages elsewhere; None if unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Bytes of memory this process could still take (data/memory.py: MemAvailable, the container's limit, free
+    pages elsewhere); None if unknown."""
+    return available_bytes()
