@@ -24,6 +24,7 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.report.bundle import write_bundle
 from debug_nan.report.history_plot import check_plot_available, plot_history
 from debug_nan.report.history_table import history_lines
+from debug_nan.report.line_width import LINE_WIDTH, log_width
 from debug_nan.report.log import Log
 from debug_nan.report import streams
 from debug_nan.report.step_line import StepLines
@@ -260,7 +261,8 @@ def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) 
     if result.history.steps and not s.quiet:
         log()
         log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
-        for line in history_lines(result.history, trainer.model, full, found):
+        # as wide as the log's lines (DEBUG_NAN_LOG_WIDTH; 0, never wrap, keeps the default table width)
+        for line in history_lines(result.history, trainer.model, full, found, width=log_width() or LINE_WIDTH):
             log(line)
     if log.copy_failure:
         result.notes.append(log.copy_failure)

@@ -9,7 +9,7 @@ from torch import nn
 
 from debug_nan.checks.history import History
 from debug_nan.report.history_rows import Row, build_rows, units
-from debug_nan.report.line_width import LINE_WIDTH
+from debug_nan.report.line_width import LINE_WIDTH, fit
 
 BARS = "▁▂▃▄▅▆▇█"
 MAX_TREND = 12  # sparkline characters; longer runs put several steps in one character (their worst value)
@@ -147,7 +147,7 @@ def history_lines(history: History, model: nn.Module, full: bool = False, findin
         lines.append(f"  NaN/Inf in every step run (both columns), {len(dead)} row(s): {names}")
     totals = [r.grad_norm for r in history.steps]
     lines.append(f"  {'total gradient norm':<{label_width}}  {'':>{half}}  {series(totals)}".rstrip())
-    lines += legend(n, trend, len(units(model)), len(rows) + len(dead), full)
+    lines += legend(n, trend, len(units(model)), len(rows) + len(dead), full, width)
     return lines
 
 
@@ -156,13 +156,14 @@ def _all_nonfinite(row: Row) -> bool:
     return bool(values) and not any(math.isfinite(v) for v in values)
 
 
-def legend(steps: int, trend: int, layers: int, rows: int, full: bool) -> list[str]:
-    """What the sparklines' scale is, and how the rows were grouped."""
+def legend(steps: int, trend: int, layers: int, rows: int, full: bool, width: int = LINE_WIDTH) -> list[str]:
+    """What the sparklines' scale is, and how the rows were grouped, wrapped at `width`."""
     per = ("one character per step" if steps <= trend
            else f"up to {-(-steps // trend)} steps per character (their largest)")
-    lines = ["  trend: log scale over the row's range, at least 10x tall (steady values draw flat),",
-             f"         {per}; ! NaN/Inf, _ exactly 0"]
+    lines = fit("  trend: log scale over the row's range, at least 10x tall (steady values draw flat),", width) + \
+        fit(f"         {per}; ! NaN/Inf, _ exactly 0", width)
     if not full and rows < layers:
-        lines += [f"  {layers} modules with parameters in {rows} rows: blocks grouped (a range row over all, then "
-                  f"the", "  blocks that grew most and the block of the finding); --history full lists each"]
+        lines += fit(f"  {layers} modules with parameters in {rows} rows: blocks grouped (a range row over all, "
+                     f"then the", width) + \
+            fit("  blocks that grew most and the block of the finding); --history full lists each", width)
     return lines

@@ -95,7 +95,8 @@ class Log:
         self.copy = None
 
     def rule(self, title: str = "", char: str = "=") -> None:
-        self(f"{char * 3} {title} {char * max(3, 76 - len(title))}" if title else char * 80)
+        width = min(80, log_width() or 80)  # never wider than the log's lines
+        self(f"{char * 3} {title} {char * max(3, width - 5 - len(title))}" if title else char * width)
 
     def record_error(self, message: str) -> None:
         """The run stops on bad input: its one-paragraph error goes into the log copy (the cli prints it)."""

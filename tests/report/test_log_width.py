@@ -100,3 +100,20 @@ def test_an_all_zero_tensor_has_no_headroom():
     line = tensor_stats(torch.zeros(3)).line()
     assert "headroom" not in line and "inf" not in line.lower().replace("+inf 0", "").replace("-inf 0", "")
     assert "headroom 3.4e+38x" in tensor_stats(torch.ones(2)).line()
+
+
+def test_a_narrower_width_narrows_the_history_table_too(run_cli, monkeypatch):
+    """The table is laid out at the log's width: as many rows as at 100 columns, none wrapped (at 75 columns the
+    labels lose their module types: `layers.0..31`)."""
+    def history(width: str) -> list[str]:
+        monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", width)
+        run = run_cli("--task", f"{DEEP}:build", "--max-steps", "3", "--device", "cpu")
+        assert run.code == 0 and max(len(line) for line in run.output.splitlines()) <= int(width), run.output
+        return block(run.output, "HISTORY")
+
+    def rows(lines: list[str]) -> list[str]:  # the table itself: up to its total, the legend after it
+        return lines[:next(i for i, line in enumerate(lines) if "total gradient norm" in line) + 1]
+
+    wide, narrow = history("100"), history("75")
+    assert len(rows(narrow)) == len(rows(wide)) and max(map(len, narrow)) <= 75 < max(map(len, wide))
+    assert any(line.startswith("  layers.0..31 ") for line in narrow)
