@@ -86,7 +86,8 @@ RUN_OPTIONS = [
          "its op), or off (no copy: a trip is reported without replaying the op). On a CPU run host and device "
          "are the same."),
     _opt("--snapshot-every", type=int, help="Copy the state every N steps (an optimizer-phase trip re-runs the "
-         "steps since the copy, checked bit for bit; other trips copy the live state). [default: 0 = every step on "
+         "steps since the copy, checked against the watch's reading of the run's state; other trips copy the live "
+         "state). [default: 0 = every step on "
          "CUDA, where the copy overlaps the step; on the CPU as often as costs at most 0.5% of a step]"),
     _opt("--report", type=click.Path(dir_okay=False), help="Write the JSON report here."),
     _opt("--bundle-dir", type=click.Path(file_okay=False), help="Where a finding writes its repro bundle "

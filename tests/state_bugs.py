@@ -194,6 +194,14 @@ def poly_lr_past_its_end():
     return _poly(3, clamp=False)
 
 
+def poly_lr_past_its_end_evaluated():
+    """The same, with an eval pass (--eval-every 4 runs one after step 4, which reads the parameters of update 4
+    before step 5 begins): the same finding."""
+    task = _poly(3, clamp=False)
+    task.eval_batches = task.batches[:2]
+    return task
+
+
 def poly_lr_clamped():
     """The fix: the schedule holds at 0 past its end: clean."""
     return _poly(3, clamp=True)

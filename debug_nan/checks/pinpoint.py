@@ -213,7 +213,14 @@ class Pinpointer:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
                                   f"found no NaN/Inf before it, so this is an error in the task's code, not a "
                                   f"numerical one.")
-            return watch_only_finding(inputs.step, micro, raw, check, self.driver.model)
+            why = None
+            if optimizer and check is not None:  # the update, replayed exactly, made nothing non-finite
+                why = (f"the optimizer step of step {inputs.step}, replayed from the state before it, left every "
+                       f"parameter and optimizer state finite: `{check.name}` was made non-finite after it and "
+                       f"before step {inputs.step + 1} began, by code outside the optimizer step (an EMA, a weight "
+                       f"clamp or renormalisation, a callback or hook), which no replay runs. Look at what the loop "
+                       f"does to the weights between optimizer.step() and the next forward.")
+            return watch_only_finding(inputs.step, micro, raw, check, self.driver.model, why)
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
             return writer  # a buffer written non-finite in an earlier micro-batch: its writer is the origin

@@ -54,8 +54,8 @@ def _first_float(output) -> torch.Tensor | None:
 
 
 def _passes_through(module: nn.Module) -> bool:
-    """A weightless layer of torch.nn (an activation, dropout, Identity, Flatten, a Sequential): elementwise or a
-    container whose output is its last child's. User-defined modules (where masks are built) are not."""
+    """A layer of torch.nn without weights of its own (an activation, dropout, Identity, Flatten, Softmax, pooling,
+    a loss module, a Sequential). User-defined modules (where masks are built) are not."""
     own_weights = next(module.parameters(recurse=False), None) is not None or \
         next(module.buffers(recurse=False), None) is not None
     return not own_weights and type(module).__module__.startswith("torch.nn.modules.")
@@ -65,10 +65,11 @@ class Watch:
     """Forward hooks on the modules of `model` plus explicit calls for batch, loss, gradients and parameters;
     sync() ends a micro-batch.
 
-    Hooked: the root and every module but torch.nn's weightless layers (activations, dropout, Identity,
-    Sequential): a registered hook costs every call of its module ~10 us of Python, as much as a small layer itself.
-    A NaN born in one of those shows in the next hooked output, and the replay's tracer names its op. `detailed`
-    (--trace-every-step) hooks every module."""
+    Hooked: the root and every module but torch.nn's weightless layers (activations, dropout, Identity, Softmax,
+    pooling, Sequential): a registered hook costs every call of its module ~10 us, as much as a small layer itself.
+    A NaN born in one of those shows in the next hooked output or the loss (the history and the notes name that
+    one), and the replay's tracer names its op: module outputs never trip. `detailed` (--trace-every-step) hooks
+    every module."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.model = model
@@ -187,7 +188,7 @@ class Watch:
 
     def read_state(self) -> tuple[list[str], np.ndarray]:
         """The parameter check's values, read now (a host sync): what a sync after watch_params() reads, for
-        checking that a re-run reached the run's state bit for bit (checks/catch_up.py)."""
+        checking that a re-run reached the run's state (checks/catch_up.py)."""
         names, tensors = self._param_and_state()
         if not tensors:
             return names, np.zeros(0)
@@ -303,6 +304,8 @@ class Watch:
                                  for _, _, t in todo]).tolist()
         for (seg, i, _), peak in zip(todo, peaks):
             seg.nonfinite[i] = not np.isfinite(peak)
+            if seg.kind == "param" and np.isinf(peak):  # +Inf and -Inf elements summed to NaN: no NaN among them
+                seg.value[i] = peak
 
     @staticmethod
     def host_code(result: MicroResult, raised: bool = False, abort: bool = False) -> int:

@@ -11,7 +11,8 @@ A trip needs the state as its step began:
     parameters and optimizer state ARE that step's start (nothing wrote them since), and the buffers were staged as
     it began: copied now, exact, at the cost of one copy;
   * an optimizer update that made a parameter non-finite, seen at the next step's first sync: the state before
-    that update is rebuilt from the copy by re-running the steps between (checks/catch_up.py, checked bit for bit).
+    that update is rebuilt from the copy by re-running the steps between (checks/catch_up.py, checked against the
+    watch's reading of the run's state at that step).
 On CUDA the host copy runs on a side stream, overlapped with the step (every step); under DDP every rank copies
 every step (the ranks would have to agree on re-runs); `snapshot_every` fixes the interval.
 """
@@ -42,6 +43,7 @@ class StateCopies:
         self.current: StepInputs | None = None
         self.updated = False  # the current step took its optimizer step
         self._read: tuple | None = None  # the watch's last reading of the parameters and optimizer state
+        self._failed: dict[int, str] = {}  # step -> why its start could not be reached (not re-run twice)
         self._began: float | None = None
         self._step_seconds: float | None = None
 
@@ -60,13 +62,18 @@ class StateCopies:
     def first_sync(self, result: MicroResult, blames_last_update: bool) -> None:
         """After the step's first sync: keep the watch's reading of the state (read after the last update), and
         take the copy when it is due, unless that sync blames the last update (its copy is the one to replay)."""
-        read = result.segment("param")
-        if read is not None:
-            self._read = (list(read.names), read.value.copy())
+        self.read(result)
         self.current.fingerprint = self._read
         due = self.saved is None or self.current.step - self.saved.step >= self.every
         if due and not blames_last_update:
             self._copy()
+
+    def read(self, result: MicroResult) -> None:
+        """A sync that read the parameters and optimizer state (a step's first, or the session's finish() before
+        an eval pass): the reading stands for the state until the next update."""
+        read = result.segment("param")
+        if read is not None:
+            self._read = (list(read.names), read.value.copy())
 
     def stepped(self) -> None:
         if self._began is not None:  # a step's own time, from its start to its update (the copy's yardstick)
@@ -85,7 +92,7 @@ class StateCopies:
         if every > 1 and self.every == 1:
             self.log(f"  [snapshot] a copy of the state takes {took * 1e3:.0f} ms, {took / self._step_seconds:.0%} "
                      f"of a step: it is taken every {every} steps; a trip in an optimizer step re-runs the steps "
-                     f"since (checked bit for bit)")
+                     f"since (checked against the watch's reading of the run's state)")
         self.every = every
 
     def at(self, inputs: StepInputs) -> str | None:
@@ -97,14 +104,19 @@ class StateCopies:
         if inputs is self.current and not self.updated:
             self._copy()
             return None
+        if not self.snapshot.keeps_optimizer:  # a re-run would move the optimizer state the copy does not hold
+            return "no copy of the optimizer state (--snapshot params) to re-run the steps since the copy from"
         chain = [self.saved, *self.since] if self.saved is not None else []
         if inputs not in chain:
             return f"no copy of the state before step {inputs.step} is left"
+        if inputs.step in self._failed:
+            return self._failed[inputs.step]
         chain = chain[:chain.index(inputs) + 1]
         self.log(f"  [snapshot] re-running steps {chain[0].step}..{inputs.step - 1} from the copy taken at step "
                  f"{chain[0].step}, to the state before step {inputs.step}")
         why = catch_up(self.driver, chain, self.watch.read_state, self.scheduler)
         if why is not None:
+            self._failed[inputs.step] = why
             return why
         self.snapshot.save(live_buffers=True)
         self.since = self.since[self.since.index(inputs) + 1:]
@@ -113,7 +125,7 @@ class StateCopies:
 
     def forget(self) -> None:
         """The live state left the recorded sequence (--keep-going undid an update): the next step copies anew."""
-        self.saved, self.since, self._read = None, [], None
+        self.saved, self.since, self._read, self._failed = None, [], None, {}
 
 
 __all__ = ["MAX_SNAPSHOT_EVERY", "SNAPSHOT_SHARE", "StateCopies"]

@@ -162,9 +162,8 @@ class Trainer:
                 if finding is None:
                     continue
                 result.findings.append(finding)
-                if not self.s.keep_going:
+                if not self.s.keep_going or not self.undo_update(finding):
                     break
-                self.undo_update(finding)
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
                 finding = self.session.finish()
                 if finding is not None:
@@ -270,9 +269,14 @@ class Trainer:
             self.observer.batch_notes(micro, self.task.describe_batch(raw))
         return batch
 
-    def undo_update(self, finding: Finding) -> None:
-        """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's: the
-        snapshot still holds the state before it, since it was not saved again)."""
+    def undo_update(self, finding: Finding) -> bool:
+        """--keep-going: skip the failing step's update (an optimizer-phase finding is the previous step's) ->
+        False when the state before it could not be rebuilt: the run stops there, as without --keep-going."""
+        if not self.session.undo_update():
+            self.log(f"--keep-going: stopping at step {finding.step}: the state before its update could not be "
+                     f"rebuilt from the last copy, and going on from that older copy would drop the updates since "
+                     f"(--snapshot-every 1 keeps a copy of every step).", "yellow")
+            return False
         self.log("--keep-going: skipping this step's update and going on.", "yellow")
-        self.session.undo_update(finding)
         self.optimizer.zero_grad(set_to_none=True)
+        return True

@@ -82,6 +82,7 @@ class StepSession:
         self.steps = 0
         self._grads_watched = False
         self._unread_update = False  # an optimizer step was taken since the parameters were last read
+        self._trip_target: StepInputs | None = None  # the step whose start a trip needs (set by pinpoint)
         self.stopped = False
 
     # -- a step --------------------------------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class StepSession:
         """Before an optimizer step's first micro-batch. `step`: its number (1-based; default: the next one)."""
         self.steps = step if step is not None else self.steps + 1
         self._read_update()  # the last update, as this step finds the state
+        self._trip_target = None
         self.inputs = self.copies.begin(self.steps)  # (the buffers staged as the forward finds them)
         self.record = self.history.begin(self.steps)
         self.record.lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
@@ -169,6 +171,7 @@ class StepSession:
         last = self.previous
         self._read_update()
         result = self.watch.sync(self.p.agreement.agree_codes if self.p.agreement is not None else None)
+        self.copies.read(result)  # (an eval pass may follow, then more steps: their copies need this reading)
         return self.decide(MicroOutcome(last, len(last.batches), result.first_harm(), rank_codes=result.rank_codes,
                                         previous=last))
 
@@ -243,21 +246,20 @@ class StepSession:
         snap = self.snapshot
         if kind == "param" and o.previous is None:
             return None
-        target = o.previous if kind == "param" else o.inputs
-        why = self.copies.at(target) if snap.kept and kind != "data" else None
-        if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer) or why:
-            finding = unreplayed_finding(o, len(o.previous.batches) if kind == "param" else o.micro, self.model,
-                                         self.log, snap.kept, why)
-        elif kind == "param":
-            finding = self.pinpointer.pinpoint(o.previous, len(o.previous.batches), o.check, None, optimizer=True,
-                                               trace=trace)
-        else:
-            try:
-                finding = self.pinpointer.pinpoint(o.inputs, o.micro, o.check, o.error)
-            except KeyboardInterrupt as exc:
-                if o.check is None:
-                    raise
-                raise interrupted_pinpoint(exc, o.inputs, o.micro, o.check, self.model) from None
+        target, micro = (o.previous, len(o.previous.batches)) if kind == "param" else (o.inputs, o.micro)
+        self._trip_target = target
+        replayable = snap.kept and kind != "data" and (kind != "param" or snap.keeps_optimizer)
+        try:
+            why = self.copies.at(target) if replayable else None  # (for a parameter trip: a re-run, maybe)
+            if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer) or why:
+                finding = unreplayed_finding(o, micro, self.model, self.log, snap.kept, why)
+            else:
+                finding = self.pinpointer.pinpoint(target, micro, o.check, None if kind == "param" else o.error,
+                                                   optimizer=kind == "param", trace=trace)
+        except KeyboardInterrupt as exc:
+            if o.check is None:
+                raise
+            raise interrupted_pinpoint(exc, target, micro, o.check, self.model) from None
         return adapt_advice(finding, self.p.dialect) if finding is not None else None
 
     def save_bundle(self, finding: Finding | None, o: MicroOutcome) -> None:
@@ -278,10 +280,12 @@ class StepSession:
 
     # -- ending --------------------------------------------------------------------------------------------------
     def stop(self, finding: Finding | None) -> Finding | None:
-        """Leave the model at its last finite state (the start of the failing step) with no gradients, and watch no
-        more."""
-        if self.snapshot.kept and self.copies.saved is not None:
-            self._back_to_start(finding)
+        """Leave the model at its last finite state with no gradients, and watch no more: the start of the failing
+        step, or, where that could not be rebuilt (a re-run that did not reproduce the run), the last copy."""
+        if self.snapshot.kept and self.copies.saved is not None and not self._back_to_start():
+            self.snapshot.restore()
+            self.log(f"  [snapshot] the model is left at the start of step {self.copies.saved.step} (the last copy): "
+                     f"the state before the failing step could not be rebuilt", "yellow")
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scaler is not None and params:
             # a step the framework may still take goes through scaler.step, which needs a gradient to inspect:
@@ -292,19 +296,25 @@ class StepSession:
         self.watch.discard()
         return finding
 
-    def undo_update(self, finding: Finding) -> None:
-        """--keep-going: back to the state before the failing step, as if its update had not been taken; the next
-        step saves a new copy."""
-        self._back_to_start(finding)
+    def undo_update(self) -> bool:
+        """--keep-going: back to the state before the failing step, as if its update had not been taken (the next
+        step saves a new copy) -> False, with nothing changed, when that state could not be rebuilt: going on from
+        an older copy would drop the updates since, so the run must stop."""
+        if not self._back_to_start():
+            return False
         self.previous = None
         self.copies.forget()
+        return True
 
-    def _back_to_start(self, finding: Finding | None) -> None:
-        """Restore the start of the failing step: a parameter trip's pinpoint brought the copy there; any other
-        trip is mid-step, where the live state is that start (copied now, unless the pinpoint did)."""
-        if (finding is None or finding.phase != Phase.OPTIMIZER) and self.inputs is not None:
-            self.copies.at(self.inputs)
+    def _back_to_start(self) -> bool:
+        """Restore the start of the failing step (the trip's: a parameter trip's is the previous step, whose
+        pinpoint brought the copy there; any other trip is mid-step, where the live state is that start, copied
+        now unless the pinpoint did) -> whether the copy holds it."""
+        target = self._trip_target or self.inputs
+        if target is None or self.copies.at(target) is not None:
+            return False
         self.snapshot.restore()
+        return True
 
     @contextmanager
     def live_state_kept(self):

@@ -30,3 +30,13 @@ def test_a_non_finite_element_of_a_large_tensor_trips_and_a_sum_overflow_does_no
     watch.watch_params()
     harm = watch.sync().first_harm()
     assert (harm.kind, harm.name) == ("param", "weight")
+
+
+def test_infinities_of_both_signs_in_a_summed_tensor_read_as_inf_not_nan():
+    model = nn.Linear(BIG // 64, 64, bias=False)
+    watch = Watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with torch.no_grad():
+        model.weight[0, 0], model.weight[1, 1] = math.inf, -math.inf  # their sum is NaN; no element is
+    watch.watch_params()
+    harm = watch.sync().first_harm()
+    assert (harm.kind, harm.name, harm.value) == ("param", "weight", math.inf)

@@ -87,14 +87,14 @@ def test_an_update_the_replay_does_not_know_is_not_replayed_from_a_wrong_state()
     assert _poly_loop(1, after_step=shrink)[0].op == "aten.add_.Tensor"  # copied every step: nothing to re-run
     assert (finding.step, finding.phase) == (5, "optimizer")
     assert finding.op is None
-    assert "did not reproduce the run's state at step 5 bit for bit" in finding.explanation
+    assert "did not reproduce the watch's reading of the run's state at step 5" in finding.explanation
     assert "the op was not replayed" in finding.explanation
 
 
 class _SlowCopy:
     """A snapshot whose copy takes 40 ms."""
 
-    kept = True
+    kept = keeps_optimizer = True
 
     def stage(self):
         pass
@@ -148,3 +148,59 @@ def test_keep_going_goes_on_from_the_failing_steps_start_between_copies(run_cli,
 
     every_step = losses(1)
     assert len(every_step) == steps and losses(3) == every_step
+
+
+def test_an_eval_pass_between_copies_keeps_the_reading_the_re_run_is_checked_against(run_cli):
+    """The eval pass after step 4 reads the parameters of update 4 (the session's finish()): that reading is step
+    5's, which the re-run from the copy at step 4 must reach."""
+    args = task("poly_lr_past_its_end_evaluated", "--max-steps", "6", "--eval-every", "4")
+    every_step = _first(run_cli(*args, "--snapshot-every", "1"))
+    run = run_cli(*args, "--snapshot-every", "3")
+    assert _first(run) == every_step and every_step["op"] == "aten.add_.Tensor"
+    assert "re-running steps 4..4" in run.output
+
+
+def test_without_an_optimizer_copy_nothing_is_re_run(run_cli):
+    run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "6", "--snapshot", "params", "--snapshot-every", "3"))
+    assert (run.first["step"], run.first["phase"], run.first["op"]) == (5, "optimizer", None)
+    assert "re-running" not in run.output and "no copy of the optimizer state (--snapshot params)" in run.output
+
+
+def _refuse(*_args, **_kwargs):
+    return "a re-run that did not reproduce the run (refused by the test)"
+
+
+def test_keep_going_stops_where_the_state_before_the_update_cannot_be_rebuilt(run_cli, monkeypatch):
+    """Going on from the older copy would drop the updates since it: --keep-going stops there instead."""
+    monkeypatch.setattr("debug_nan.train.copies.catch_up", _refuse)
+    run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "8", "--snapshot-every", "3", "--keep-going"))
+    assert run.code == 1 and run.report["steps_run"] == 6 and len(run.report["findings"]) == 1, run.output
+    assert (run.first["step"], run.first["phase"], run.first["op"]) == (5, "optimizer", None)
+    assert "--keep-going: stopping at step 5" in run.output
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def test_an_interrupt_during_the_re_run_keeps_the_watchs_finding(run_cli, monkeypatch):
+    monkeypatch.setattr("debug_nan.train.copies.catch_up", _interrupt)
+    run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "6", "--snapshot-every", "3"))
+    assert run.report["interrupted"] and run.report["status"] == "nonfinite", run.output
+    assert (run.first["step"], run.first["phase"], run.first["watch"]) == (5, "optimizer", "param `0.weight` = nan")
+
+
+def test_a_nan_written_after_the_optimizer_step_is_not_blamed_on_it():
+    """The loop writes a NaN into the weights after step 3's optimizer step (a renormalisation dividing by 0):
+    the update replayed stays finite, and the finding says the value was made outside the optimizer step."""
+    def renormalise(model):
+        if renormalise.calls == 3:
+            with torch.no_grad():
+                model[0].weight.div_(model[0].weight.norm() * 0)
+        renormalise.calls += 1
+
+    renormalise.calls = 1
+    finding, _ = _poly_loop(1, after_step=renormalise)
+    assert (finding.step, finding.phase, finding.op) == (3, "optimizer", None)
+    assert "made non-finite after it and before step 4 began, by code outside the optimizer step" in \
+        finding.explanation and "non-deterministic" not in finding.explanation
