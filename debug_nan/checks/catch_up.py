@@ -18,33 +18,23 @@ the optimizer step is then not replayed, rather than replayed from a state the r
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from debug_nan.checks.driver import StepDriver, StepInputs
-from debug_nan.checks.snapshot import restore_rng
+from debug_nan.checks.snapshot import put_groups, restore_rng
 from debug_nan.checks.stats import move_to
 
 
-def step_hyperparameters(optimizer, scheduler) -> dict:
-    """What a schedule changes between steps, as the step begins: every param group's non-tensor settings and the
-    scheduler's state (a few numbers; read once per step)."""
-    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-              for g in (optimizer.param_groups if optimizer is not None else [])]
-    return {"groups": groups, "scheduler": scheduler.state_dict() if scheduler is not None else None}
-
-
 def _apply(hyper: dict | None, optimizer, scheduler) -> None:
+    """A step's snapshot.schedule_state, as it began, back into the optimizer and scheduler."""
     if hyper is None:
         return
-    for group, saved in zip(optimizer.param_groups if optimizer is not None else [], hyper["groups"]):
-        group.update(copy.deepcopy(saved))
+    put_groups(optimizer, hyper["groups"])
     if scheduler is not None and hyper["scheduler"] is not None:
         scheduler.load_state_dict(hyper["scheduler"])
 
 
-def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint, scheduler=None) -> str | None:
+def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | None:
     """Restore the snapshot of chain[0] and re-run chain[:-1] -> None when the state reached is chain[-1]'s start
     (its recorded `fingerprint`), else why not, in words. `fingerprint()`: the watch's reading of the live state,
     (names, values). The caller saves the state reached; on failure the live state is left as the re-run left it
@@ -53,8 +43,9 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint, scheduler
     if target.fingerprint is None:
         return (f"the state at the start of step {target.step} was never read by the watch, so a re-run to it "
                 f"could not be checked")
-    d = driver
-    chain[0].snapshot.restore()
+    d, snapshot = driver, chain[0].snapshot
+    scheduler = snapshot.scheduler
+    snapshot.restore()
     with d.watch_paused():
         for inputs in chain[:-1]:
             _apply(inputs.hyper, d.optimizer, scheduler)
@@ -72,9 +63,9 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint, scheduler
     if names != want_names or not np.array_equal(values, want):
         differs = ", ".join([n for n, a, b in zip(names, values, want) if a != b][:3]) or "its tensors differ"
         return (f"re-running steps {chain[0].step}..{target.step - 1} from the copy taken at step {chain[0].step} "
-                f"did not reproduce the watch's reading of the run's state at step {target.step} ({differs}): the steps are "
-                f"not deterministic, or the update does more than the optimizer step the replay knows")
+                f"did not reproduce the watch's reading of the run's state at step {target.step} ({differs}): the "
+                f"steps are not deterministic, or the update does more than the optimizer step the replay knows")
     return None
 
 
-__all__ = ["catch_up", "step_hyperparameters"]
+__all__ = ["catch_up"]

@@ -28,7 +28,7 @@ BIG = 1 << 16  # elements: a CPU tensor this large is summed alone (a parallel k
 
 def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | None = None) -> list[torch.Tensor]:
     """One 0-d value per tensor that is non-finite when an element is: the parameters and optimizer state after an
-    update (finiteness, and a bit-exact reading of the state: checks/catch_up.py). On the CPU each tensor of BIG
+    update (finiteness, and the reading a re-run is checked against: checks/catch_up.py). On the CPU each tensor of BIG
     elements or more is summed alone: CPU `_foreach_norm` loops over the list on ONE thread, a sum uses them all
     (3 x 17M floats of GPT-2-like AdamW state: 20 ms as norms, 10 ms as sums, 2 threads). The rest, and every
     tensor on a GPU (one fused kernel there), go through l2_norms. A sum can overflow with finite elements (as a

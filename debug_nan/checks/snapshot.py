@@ -44,6 +44,20 @@ def restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def schedule_state(optimizer, scheduler) -> dict:
+    """What a schedule changes between steps: every param group's settings but its parameters (the lr and the other
+    hyperparameters live there: the scheduler writes them) and the scheduler's own state."""
+    return {"groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in (optimizer.param_groups if optimizer is not None else [])],
+            "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+
+def put_groups(optimizer, groups: list[dict]) -> None:
+    """schedule_state's param-group settings back into `optimizer` (fresh copies: a later step may change them)."""
+    for group, saved in zip(optimizer.param_groups if optimizer is not None else [], groups):
+        group.update(copy.deepcopy(saved))
+
+
 def _scaler_state(scaler) -> dict | None:
     """The fp16 gradient scaler's state, copied on its device: scaler.state_dict() would sync (.item())."""
     if scaler is None or getattr(scaler, "_scale", None) is None:
@@ -240,11 +254,8 @@ class Snapshot:
         self._other_state = {
             "optimizer_nontensor": other,
             "had_state": had,
-            # lr and the other hyperparameters live in the param groups (the scheduler writes them there)
-            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                       for g in (self.optimizer.param_groups if self.optimizer is not None else [])],
             "scaler": _scaler_state(self.scaler),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            **schedule_state(self.optimizer, self.scheduler),  # "groups", "scheduler"
         }
 
     def restore(self) -> None:
@@ -295,8 +306,7 @@ class Snapshot:
             for p in self._params:
                 for k, v in self._other_state["optimizer_nontensor"].get(id(p), {}).items():
                     self.optimizer.state[p][k] = copy.deepcopy(v)
-        for group, saved in zip(self.optimizer.param_groups, self._other_state["groups"]):
-            group.update(copy.deepcopy(saved))
+        put_groups(self.optimizer, self._other_state["groups"])
 
     def state_dicts(self) -> dict:
         """Model, optimizer, scaler and scheduler state and the training flags as of save(), on the CPU (for a

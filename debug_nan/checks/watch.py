@@ -40,7 +40,7 @@ CODE_PHASE = {code: phase for code, phase in enumerate(_LATEST_FIRST, start=1)}
 _CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
 PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
 ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
-_NORM_KINDS = ("param", "grad")  # finiteness read from an L2 norm (which may overflow: see the second look)
+_NORM_KINDS = ("param", "grad")  # finiteness read from a norm or a sum (which may overflow: see the second look)
 _NormChunk = tuple[list[str], list[torch.Tensor], list[torch.Tensor]]
 
 
@@ -182,19 +182,20 @@ class Watch:
         is (norms.state_sums; read at the next sync)."""
         names, tensors = self._param_and_state()
         if tensors:
-            with torch.no_grad():
-                values = state_sums(tensors, self._sum_plan)
-            self._norms["param"].append((names, values, tensors))
+            self._norms["param"].append((names, self._state_values(tensors), tensors))
 
     def read_state(self) -> tuple[list[str], np.ndarray]:
         """The parameter check's values, read now (a host sync): what a sync after watch_params() reads, for
         checking that a re-run reached the run's state (checks/catch_up.py)."""
         names, tensors = self._param_and_state()
         if not tensors:
-            return names, np.zeros(0)
-        with torch.no_grad():
-            values = stack64(state_sums(tensors, self._sum_plan), self._home_device())
+            return list(names), np.zeros(0)
+        values = stack64(self._state_values(tensors), self._home_device())
         return list(names), np.asarray(values.tolist(), dtype=np.float64)
+
+    def _state_values(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return state_sums(tensors, self._sum_plan)
 
     def _param_and_state(self) -> tuple[list[str], list[torch.Tensor]]:
         """param_and_state_tensors, rebuilt only when a state object changed: the key is the identity of every

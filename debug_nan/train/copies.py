@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 import time
 
-from debug_nan.checks.catch_up import catch_up, step_hyperparameters
+from debug_nan.checks.catch_up import catch_up
 from debug_nan.checks.driver import StepInputs
-from debug_nan.checks.snapshot import Snapshot
+from debug_nan.checks.snapshot import Snapshot, schedule_state
 from debug_nan.checks.watch_result import MicroResult
 
 SNAPSHOT_SHARE = 0.005  # the share of a step the copy may cost, amortised over the steps between copies
@@ -32,9 +32,9 @@ MAX_SNAPSHOT_EVERY = 16  # at most this many steps re-run (and their batches kep
 
 
 class StateCopies:
-    def __init__(self, snapshot: Snapshot, driver, watch, log, every: int | None, adaptive: bool, scheduler=None,
+    def __init__(self, snapshot: Snapshot, driver, watch, log, every: int | None, adaptive: bool,
                  distributed: bool = False):
-        self.snapshot, self.driver, self.watch, self.log, self.scheduler = snapshot, driver, watch, log, scheduler
+        self.snapshot, self.driver, self.watch, self.log = snapshot, driver, watch, log
         # under DDP every step: a re-run's collectives would need every rank to re-run, and to agree on its check
         self.every = 1 if distributed else every or 1
         self.adaptive = every is None and adaptive and snapshot.kept and not distributed
@@ -50,9 +50,10 @@ class StateCopies:
     def begin(self, step: int) -> StepInputs:
         """A step begins -> its inputs (the buffers are staged: the copy may be taken after its first sync)."""
         self._began = time.perf_counter()
-        kept = self.snapshot.kept
-        self.current = StepInputs(step=step, batches=[], rng=[], snapshot=self.snapshot,
-                                  hyper=step_hyperparameters(self.driver.optimizer, self.scheduler) if kept else None)
+        # a step's lr and scheduler state, for a re-run through it: only where copies can be steps apart
+        rerun = self.snapshot.kept and (self.adaptive or self.every > 1)
+        hyper = schedule_state(self.driver.optimizer, self.snapshot.scheduler) if rerun else None
+        self.current = StepInputs(step=step, batches=[], rng=[], snapshot=self.snapshot, hyper=hyper)
         self.updated = False
         if self.saved is not None:
             self.since.append(self.current)
@@ -114,7 +115,7 @@ class StateCopies:
         chain = chain[:chain.index(inputs) + 1]
         self.log(f"  [snapshot] re-running steps {chain[0].step}..{inputs.step - 1} from the copy taken at step "
                  f"{chain[0].step}, to the state before step {inputs.step}")
-        why = catch_up(self.driver, chain, self.watch.read_state, self.scheduler)
+        why = catch_up(self.driver, chain, self.watch.read_state)
         if why is not None:
             self._failed[inputs.step] = why
             return why

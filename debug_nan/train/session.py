@@ -75,8 +75,7 @@ class StepSession:
         self.inputs: StepInputs | None = None  # the step under way
         self.previous: StepInputs | None = None  # the step whose update the next sync checks
         self.copies = StateCopies(self.snapshot, driver, self.watch, self.log, policies.snapshot_every,
-                                  adaptive=self.device.type == "cpu", scheduler=policies.scheduler,
-                                  distributed=policies.agreement is not None)
+                                  adaptive=self.device.type == "cpu", distributed=policies.agreement is not None)
         self.record: StepRecord | None = None
         self.micro = 0
         self.steps = 0
@@ -196,8 +195,8 @@ class StepSession:
     def after_clean(self, o: MicroOutcome) -> Finding | None:
         """A clean micro-batch: the op that wrote a buffer that turned non-finite is traced while this step can be
         replayed; on the last one, the averaged gradients' norms (DDP), then the explosion check."""
-        if o.new_buffers and self.snapshot.kept:
-            self.copies.at(o.inputs)  # (mid-step: a copy of the live state)
+        if o.new_buffers:
+            self.copies.at(o.inputs)  # (mid-step: a copy of the live state; none without a snapshot)
         self.pinpointer.trace_buffer_writers(o.inputs, o.micro, o.new_buffers)
         if not o.last or o.record is None or o.record.scaler_skipped or max(o.rank_codes or [0]) > 0:
             return None
@@ -251,7 +250,7 @@ class StepSession:
         replayable = snap.kept and kind != "data" and (kind != "param" or snap.keeps_optimizer)
         try:
             why = self.copies.at(target) if replayable else None  # (for a parameter trip: a re-run, maybe)
-            if (not snap.kept and kind != "data") or (kind == "param" and not snap.keeps_optimizer) or why:
+            if (kind != "data" and not replayable) or why:
                 finding = unreplayed_finding(o, micro, self.model, self.log, snap.kept, why)
             else:
                 finding = self.pinpointer.pinpoint(target, micro, o.check, None if kind == "param" else o.error,
@@ -270,7 +269,7 @@ class StepSession:
             and o.check.kind == "param"
         inputs = o.previous if optimizer else o.inputs
         micro = len(inputs.batches) if optimizer else o.micro
-        if not inputs.snapshot.kept or self.copies.at(inputs) is not None:
+        if self.copies.at(inputs) is not None:  # (no snapshot kept, or a re-run to it that failed)
             return
         try:
             finding.bundle = self.p.bundle_sink(repro_state(self.driver, inputs, micro, finding, o.check, optimizer))

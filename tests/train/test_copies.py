@@ -95,6 +95,7 @@ class _SlowCopy:
     """A snapshot whose copy takes 40 ms."""
 
     kept = keeps_optimizer = True
+    scheduler = None
 
     def stage(self):
         pass
