@@ -1,5 +1,6 @@
 """Errors the user can fix (exit code 2), and how to name where user code raised."""
 
+import importlib
 import traceback
 
 from debug_nan.frames import short_path, user_frame_of_traceback
@@ -9,6 +10,15 @@ class InputError(Exception):
     """Bad usage or bad input (a file, a sample, an option). The CLI prints the message and exits 2."""
 
     exit_code = 2
+
+
+def require_package(name: str, message: str) -> None:
+    """Bad usage (exit 2) with `message` when the optional package `name` (an extra) is not installed: checked
+    before the run, for the option that needs it."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        raise InputError(message) from None
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ import math
 from torch import nn
 
 from debug_nan.checks.history import History
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, require_package
 from debug_nan.report.history_rows import build_rows
 from debug_nan.report.outputs import atomic_write
 
@@ -21,11 +21,8 @@ CMAP = "viridis"
 def check_plot_available(path: str | None) -> None:
     if not path:
         return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError(f"--plot {path} needs matplotlib: pip install matplotlib (or the project's plot extra)."
-                         ) from None
+    require_package("matplotlib", f"--plot {path} needs matplotlib: pip install matplotlib (or the project's plot "
+                    f"extra).")
     if not path.lower().endswith(".png"):
         raise InputError(f"--plot {path}: give a .png path.")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from debug_nan.checks.history import History
-from debug_nan.errors import InputError
+from debug_nan.errors import InputError, require_package
 from debug_nan.report.history_rows import build_rows
 from debug_nan.report.outputs import OutputWriteError
 
@@ -27,11 +27,8 @@ def check_tensorboard(path: str | None) -> None:
     """Before the run: the package is there and DIR is (or can become) a writable folder (exit 2 otherwise)."""
     if not path:
         return
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise InputError(f"--tensorboard {path} needs the tensorboard package: pip install tensorboard (or the "
-                         f"project's extra: pip install -e '.[tensorboard]').") from None
+    require_package("tensorboard", f"--tensorboard {path} needs the tensorboard package: pip install tensorboard "
+                    f"(or the project's extra: pip install -e '.[tensorboard]').")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--tensorboard {path} is a file; give a folder (TensorBoard's --logdir).")
