@@ -35,6 +35,17 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
 
 
+@pytest.fixture(autouse=True)
+def _distribution_validation_restored():
+    """torch.compile's first call turns torch.distributions' argument validation off for the whole process
+    (torch/_dynamo/eval_frame.py): a test that compiles must not change what a later test's Categorical raises."""
+    import torch
+
+    validate = torch.distributions.Distribution._validate_args
+    yield
+    torch.distributions.Distribution.set_default_validate_args(validate)
+
+
 @pytest.fixture(scope="session")
 def tiny_data():
     """24 samples, richness 3..48 ASVs against a token limit of 24."""
