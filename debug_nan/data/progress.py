@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from debug_nan.data.memory import available_bytes
-
 
 def quiet(*_args, **_kwargs) -> None:
     """The log of a caller that wants none."""
@@ -55,9 +53,3 @@ def file_size(path: str | Path) -> str:
         return human_bytes(Path(path).stat().st_size)
     except OSError:
         return "size unknown"
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process could still take (data/memory.py: MemAvailable, the container's limit, free
-    pages elsewhere); None if unknown."""
-    return available_bytes()

@@ -12,7 +12,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from debug_nan.data.loading import Dataset
-from debug_nan.data.progress import Phase, available_memory, human_bytes
+from debug_nan.data.memory import available_bytes
+from debug_nan.data.progress import Phase, human_bytes
 from debug_nan.data.tokens import MAX_BASES, tokenize
 from debug_nan.errors import InputError
 
@@ -82,7 +83,7 @@ def synthesize(n_samples: int, token_limit: int, seed: int, log=None,
 
     First the size is estimated (InputError when it clearly cannot fit in memory), and `log` gets a line with the
     size before the work and one with the time after it: a large token limit takes minutes."""
-    need = check_synthetic_fits(n_samples, token_limit, available_memory())
+    need = check_synthetic_fits(n_samples, token_limit, available_bytes())
     n_asvs, richness = synthetic_shape(n_samples, token_limit)
     with Phase(log, f"Synthesizing {n_samples} samples x {n_asvs:,} ASVs (token limit {token_limit}, about "
                     f"{human_bytes(need)} of memory)") as phase:

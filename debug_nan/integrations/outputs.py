@@ -128,5 +128,5 @@ def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accum
                        weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,
                        max_grad_norm=max_grad_norm or None, precision=precision, seed=seed,
                        explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
-                       snapshot_every=snapshot_every or 0, report=outputs.report, log=outputs.log_path, bundle_dir=outputs.bundle_dir,
-                       bundle=outputs.bundle_dir is not None)
+                       snapshot_every=snapshot_every or 0, report=outputs.report, log=outputs.log_path,
+                       bundle_dir=outputs.bundle_dir, bundle=outputs.bundle_dir is not None)
