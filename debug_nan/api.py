@@ -58,7 +58,7 @@ class Monitor:
                  log=lambda line="", colour=None: None, *, accumulation_steps: int = 1, scaler=None,
                  max_grad_norm: float | None = None, explosion_threshold: float = 1e4,
                  explosion_growth: float = 1e3, detailed: bool = False, snapshot: str = "host",
-                 snapshot_every: int | None = None):
+                 snapshot_every: int | None = None, outputs_every: int | None = None):
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps={accumulation_steps}: give the number of micro-batches (step() "
                              f"blocks) per optimizer step, 1 or more")
@@ -68,7 +68,7 @@ class Monitor:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.session = StepSession(self, SessionPolicies(
             scaler=self.scaler, explosion=(explosion_threshold, explosion_growth), dialect="api",
-            snapshot_mode=snapshot, snapshot_every=snapshot_every))
+            snapshot_mode=snapshot, snapshot_every=snapshot_every, outputs_every=outputs_every))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside step()
         self.watch.detailed = detailed

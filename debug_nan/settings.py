@@ -79,6 +79,7 @@ class RunSettings:
     explosion_growth: float = 1e3
     snapshot: str = "host"  # where the replay's copy of the state lives: host (pinned CPU on CUDA), device, off
     snapshot_every: int = 0  # copy the state every N steps; 0: auto (train/copies.py)
+    outputs_every: int = 0  # measure module outputs every N steps; 0: auto (train/output_schedule.py)
     # output
     report: str | None = None
     log: str | None = None
@@ -104,7 +105,7 @@ SECTIONS = {
               "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
               "skip_batches", "eval_every", "eval_batches", "eval_samples"),
     "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot",
-               "snapshot_every"),
+               "snapshot_every", "outputs_every"),
     "output": ("report", "log", "plot", "bundle_dir", "bundle", "history", "quiet", "tensorboard"),
 }
 TABLE_OF = {name: table for table, names in SECTIONS.items() for name in names}
@@ -237,6 +238,9 @@ def validate(s: RunSettings) -> None:
         raise InputError(f"--dropout must be in [0, 1), got {s.dropout}.")
     if s.snapshot_every < 0:
         raise InputError(f"--snapshot-every must be >= 0 (0: chosen from what a copy costs), got {s.snapshot_every}.")
+    if s.outputs_every < 0:
+        raise InputError(f"--outputs-every must be >= 0 (0: chosen from what measuring them costs), got "
+                         f"{s.outputs_every}.")
     if s.keep_going and s.snapshot in ("off", "params"):
         raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
                          f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or device), or "

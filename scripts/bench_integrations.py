@@ -2,7 +2,7 @@
 
     python scripts/bench_integrations.py [--device cpu] [--model bert|deep|gpt2]
                                          [--hidden 128 --layers 4 --seq 128 --batch 8]  (bert's size)
-                                         [--steps 30 --warmup 5 --repeats 5] [--accumulate 1] [--threads 1]
+                                         [--steps 30 --warmup 16 --repeats 5] [--accumulate 1] [--threads 1]
                                          [--precision fp32|bf16|fp16] [--json out.json]
 
 For each framework, the same model trains --steps optimizer steps: BertForMaskedLM (built from a config: no
@@ -11,7 +11,9 @@ they fix),
 plain and with DebugNaNCallback, alternately (plain first in even pairs, watched first in odd ones), --repeats
 pairs. A timing callback measures the steps after --warmup (setup, first-step allocations and the framework's
 start-up excluded). Reported: median ms per optimizer step of each, and the median of the per-pair ratios.
-On the CPU, --threads (default 1) keeps the pairs comparable on a shared machine.
+On the CPU, --threads (default 1) keeps the pairs comparable on a shared machine. The default --warmup 16 times
+the steady state: the watch measures every module output in a run's first 16 steps, then, on the CPU, on a stride
+that keeps that measurement at 1% of a step (debug_nan/train/output_schedule.py; --warmup 2 times those first steps).
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def main() -> None:
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--frameworks", default="lightning,hf")

@@ -13,6 +13,9 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
   watch           the default run's step (Trainer.train_step): snapshot, the watch's on-device checks of batch,
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
   watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
+  watch_all       `watch` measuring every module output in every step, as the first 16 steps of a run do (after
+                  them the CPU measures the outputs on a stride, train/output_schedule.py: `watch` and `monitor`
+                  are timed there, after a pre-roll of 16 untimed steps)
   monitor         the plain step inside `debug_nan.Monitor.step()` (the Python API's entry point: the same step
                   session as `watch`, its optimizer hook reading the parameters after the step)
   snapshot        plain + the snapshot the watch takes before every step (its share of `watch`, for reference)
@@ -59,9 +62,11 @@ from debug_nan.report.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.train.aam_task import build_aam_task  # noqa: E402
 from debug_nan.train.loop import Trainer, resolve_device  # noqa: E402
+from debug_nan.train.output_schedule import WARM_STEPS, OutputSchedule  # noqa: E402
 
-MODES = ("plain", "watch", "watch_only", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
-DEFAULT_MODES = ("plain", "watch", "watch_only", "monitor", "snapshot", "detect_anomaly", "naive_hooks", "trace")
+MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
+DEFAULT_MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "detect_anomaly", "naive_hooks",
+                 "trace")
 
 
 def sync(device: torch.device) -> None:
@@ -163,10 +168,12 @@ def main() -> None:
                                 trainer.optimizer, max_grad_norm=trainer.s.max_grad_norm)
     monitor.close()  # its module and optimizer hooks, too, only while the monitor mode runs
 
+    steps = itertools.count(1)  # every watch mode's step is the run's next step
+
     def watch_step(i: int) -> None:
         log.stream.seek(0)
         log.stream.truncate()
-        finding = trainer.train_step(i + 1, itertools.repeat(batch))
+        finding = trainer.train_step(next(steps), itertools.repeat(batch))
         assert finding is None, finding
 
     def watch_only_step(i: int) -> None:
@@ -177,16 +184,31 @@ def main() -> None:
         finally:
             del snapshot.stage, snapshot.save
 
+    def watch_all_step(i: int) -> None:
+        session = trainer.session
+        schedule, session.outputs = session.outputs, OutputSchedule(1, adaptive=False)
+        try:
+            watch_step(i)
+        finally:
+            session.outputs = schedule
+
     step_fns = {
         "plain": lambda i: plain_step(trainer, batch),
         "watch": watch_step,
         "watch_only": watch_only_step,
+        "watch_all": watch_all_step,
         "monitor": lambda i: monitored_step(trainer, monitor, batch),
         "snapshot": lambda i: snapshot_step(trainer, batch),
         "trace": lambda i: traced_step(trainer, batch),
         "detect_anomaly": lambda i: anomaly_step(trainer, batch),
         "naive_hooks": lambda i: plain_step(trainer, batch),
     }
+    # past the first WARM_STEPS steps, which measure every module output: the steady state, as a long run has it
+    for mode in {"watch", "watch_only", "monitor"} & set(modes):
+        (watch.attach if mode != "monitor" else monitor.attach)()
+        for i in range(WARM_STEPS):
+            step_fns[mode](i)
+        (watch.close if mode != "monitor" else monitor.close)()
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(args.warmup + args.repeats):

@@ -36,6 +36,7 @@ class StepRecord:
     scaler_skipped: bool = False
     micro_batches: int = 0
     per_layer: bool = True  # False: its per-layer values were dropped (see RECENT_STEPS)
+    outputs_measured: bool = True  # False: the watch left its module outputs out (train/output_schedule.py)
 
     def finish(self) -> None:
         """Sums over the micro-batches run -> means."""
@@ -57,24 +58,32 @@ class NonfiniteSeries:
     last: int = 0
     harmed: list[int] = field(default_factory=list)  # steps in which harm followed (at most MAX_RUNS)
 
-    def add(self, step: int, what: str) -> None:
+    def add(self, step: int, what: str, previous: int | None) -> None:
+        """Seen in `step`; `previous`: the step checked before it (a run goes on when the series was seen there)."""
         self.held.update(what.split())
         if step == self.last:
             return
         self.steps += 1
         self.last = step
-        if self.runs and self.runs[-1][1] == step - 1:
+        if self.runs and self.runs[-1][1] == previous:
             self.runs[-1][1] = step
         elif len(self.runs) < MAX_RUNS:
             self.runs.append([step, step])
 
-    def describe_steps(self, first: int, last: int) -> str:
-        if self.runs == [[first, last]] and self.steps == last - first + 1:
+    def describe_steps(self, first: int, last: int, checked: int | None = None) -> str:
+        """`first`..`last`: the steps checked; `checked`: how many of them (fewer than all: module outputs measured
+        on a stride)."""
+        checked = last - first + 1 if checked is None else checked
+        strided = checked < last - first + 1
+        if self.runs == [[first, last]] and self.steps == checked:
+            if strided:
+                return f"in every step whose outputs were measured ({checked} of steps {first}..{last})"
             return f"in every step ({first}..{last})" if last > first else f"in step {first}"
         shown = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in self.runs)
         covered = sum(b - a + 1 for a, b in self.runs)
         more = f", and {self.steps - covered} later step(s) up to {self.last}" if self.steps > covered else ""
-        return f"in step{'s' if self.steps > 1 else ''} {shown}{more}"
+        measured = f" ({self.steps} of the {checked} steps whose outputs were measured)" if strided else ""
+        return f"in step{'s' if self.steps > 1 else ''} {shown}{more}{measured}"
 
 
 class History:
@@ -84,9 +93,13 @@ class History:
         self.stride = 1  # older steps keep their per-layer values when step % stride == 0
         self._sparse = 0  # how many steps before the recent window still have them
         self.first_harm_step: int | None = None  # the first step whose loss, gradients or parameters went non-finite
+        self.measured: list[int] = []  # [count, first, previous, last] of the steps whose module outputs were measured
 
-    def begin(self, step: int) -> StepRecord:
-        rec = StepRecord(step)
+    def begin(self, step: int, outputs_measured: bool = True) -> StepRecord:
+        rec = StepRecord(step, outputs_measured=outputs_measured)
+        if outputs_measured:
+            count, first, _, last = self.measured or [0, step, None, None]
+            self.measured = [count + 1, first, last, step]
         self.steps.append(rec)
         if len(self.steps) > RECENT_STEPS:
             self._thin(self.steps[-RECENT_STEPS - 1])
@@ -130,10 +143,13 @@ class History:
             rec.loss = loss if rec.loss is None else rec.loss + loss
         for name, value in result.values("loss_part").items():
             rec.parts[name] = rec.parts.get(name, 0.0) + value
-        for where, kind in (("batch key", "data"), ("output", "forward")):
+        # a series goes on from the step checked before: the last step for a batch key, the last step whose
+        # outputs were measured for a module output
+        previous_measured = self.measured[2] if self.measured else None
+        for where, kind, previous in (("batch key", "data", rec.step - 1), ("output", "forward", previous_measured)):
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
-                series.add(rec.step, check.nonfinite)
+                series.add(rec.step, check.nonfinite, previous)
         if result.harm() is not None:  # rare: mark the series seen in this step
             if self.first_harm_step is None:
                 self.first_harm_step = rec.step
@@ -160,8 +176,10 @@ class History:
         quiet, harmed = [], []
         for series in self.nonfinite.values():
             held = " and ".join(k for k in ("nan", "+inf", "-inf") if k in series.held)
+            span = (first, last) if series.where != "output" or not self.measured else \
+                (self.measured[1], self.measured[3], self.measured[0])
             line = (f"`{series.name or '<model>'}` {series.where} holds {held.replace('nan', 'NaN')} "
-                    f"{series.describe_steps(first, last)}")
+                    f"{series.describe_steps(*span)}")
             if series.harmed:
                 harmed.append((series, line + f"; in step {', '.join(map(str, series.harmed))} the loss, a gradient "
                                               f"or a parameter also went non-finite (see the finding)"))
@@ -199,5 +217,6 @@ class History:
         return [{"step": r.step, "loss": r.loss, "parts": r.parts, "grad_norm": r.grad_norm, "lr": r.lr,
                  **({"loss_scale": r.loss_scale} if r.loss_scale is not None else {}),
                  "seconds": r.seconds, "peak_memory_mb": r.peak_memory_mb, "scaler_skipped": r.scaler_skipped,
+                 **({} if r.outputs_measured else {"outputs_measured": False}),
                  **({"max_abs_activation": r.activations, "grad_norms": r.grad_norms} if r.per_layer else {})}
                 for r in self.steps]

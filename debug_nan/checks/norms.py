@@ -6,24 +6,27 @@ from __future__ import annotations
 
 import torch
 
+BIG = 1 << 16  # elements: a CPU tensor this large is reduced alone (a parallel kernel; its Python call is <1% of it)
 
-def l2_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+
+def l2_norms(tensors: list[torch.Tensor], exact: bool = True) -> list[torch.Tensor]:
     """0-d L2 norm of each tensor: one fused kernel per dtype group. fp16/bf16 are reduced into fp32 (a norm in
-    their own range overflows at 65504); fp32/fp64 in their own dtype."""
+    their own range overflows at 65504); fp32/fp64 in their own dtype. `exact=False`: a large contiguous fp32/fp64
+    CPU tensor is reduced by a BLAS dot product with itself instead, on every thread (CPU `_foreach_norm` loops on
+    one: 17M GPT-2-like gradients, 3.1 ms against 1.6 ms with 2 threads); it differs from torch's norm in the last
+    bits (the order of the sums), so the norms that clipping reuses stay exact."""
     wide = (torch.float32, torch.float64)
-    if all(t.dtype in wide for t in tensors):
-        return list(torch._foreach_norm(tensors))
-    out: list[torch.Tensor | None] = [None] * len(tensors)
+    if not exact:
+        dots = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.numel() >= BIG
+                and t.dtype in wide and t.is_contiguous()]
+        if dots:
+            return _by_index(tensors, dots, lambda ts: [torch.dot(t.view(-1), t.view(-1)).sqrt() for t in ts],
+                             l2_norms)
     narrow = [i for i, t in enumerate(tensors) if t.dtype not in wide]
-    native = [i for i, t in enumerate(tensors) if t.dtype in wide]
-    for idx, kwargs in ((native, {}), (narrow, {"dtype": torch.float32})):
-        if idx:
-            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx], 2, **kwargs)):
-                out[i] = norm
-    return out
-
-
-BIG = 1 << 16  # elements: a CPU tensor this large is summed alone (a parallel kernel; its Python call is <1% of it)
+    if not narrow:
+        return list(torch._foreach_norm(tensors))
+    return _by_index(tensors, narrow, lambda ts: torch._foreach_norm(ts, 2, dtype=torch.float32),
+                     lambda ts: torch._foreach_norm(ts))
 
 
 def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | None = None) -> list[torch.Tensor]:
@@ -34,15 +37,22 @@ def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | 
     tensor on a GPU (one fused kernel there), go through l2_norms. A sum can overflow with finite elements (as a
     norm can): the watch's second look settles any non-finite value. `plan`: sum_plan(tensors), kept by a caller
     that checks the same list every step."""
-    big, small = plan or sum_plan(tensors)
+    big, _ = plan or sum_plan(tensors)
     if not big:
         return l2_norms(tensors)
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    for i in big:
-        t = tensors[i]
-        out[i] = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
-    for i, norm in zip(small, l2_norms([tensors[i] for i in small]) if small else []):
-        out[i] = norm
+    return _by_index(tensors, big, lambda ts: [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16)
+                                               else t.sum() for t in ts], l2_norms)
+
+
+def _by_index(tensors: list, chosen: list[int], first, rest) -> list:
+    """first(the tensors at `chosen`) and rest(the others), each result back at its tensor's index."""
+    out: list = [None] * len(tensors)
+    picked = set(chosen)
+    others = [i for i in range(len(tensors)) if i not in picked]
+    for idx, fn in ((chosen, first), (others, rest)):
+        if idx:
+            for i, value in zip(idx, fn([tensors[i] for i in idx])):
+                out[i] = value
     return out
 
 

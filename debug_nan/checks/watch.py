@@ -2,8 +2,9 @@
 
 Per micro-batch it records ON THE DEVICE: min and max of every floating batch tensor and of every module output
 but those of torch.nn's weightless layers (a forward hook, one `aminmax` each: the history, and the notes on
-deliberate -inf masks), the loss and its logged parts, the L2 norm of every gradient (one fused `_foreach_norm`:
-history, explosion check, clipping, and finiteness, since a NaN/Inf element makes the norm NaN/Inf) and, as the
+deliberate -inf masks; only in the steps the session sets `measure_outputs` for), the loss and its logged parts,
+the L2 norm of every gradient (one fused `_foreach_norm`: history, explosion check, clipping, and finiteness, since
+a NaN/Inf element makes the norm NaN/Inf) and, as the
 step after an optimizer step begins, one value per parameter and optimizer state tensor (norms.state_sums: a sum
 or an L2 norm, non-finite when an element is). Everything is copied to the host in ONE transfer per micro-batch;
 no sync per layer. A norm or a sum can overflow while every element is finite: only then a second look (max |x|
@@ -15,6 +16,7 @@ outputs and batch tensors are recorded, not tripped on (see MicroResult.first_ha
 
 from __future__ import annotations
 
+import time
 import weakref
 from contextlib import contextmanager
 from collections.abc import Callable
@@ -78,6 +80,9 @@ class Watch:
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.hooked = [m for m in self.module_names if m is model or not _passes_through(m)]
         self.enabled = True
+        self.measure_outputs = True  # False: module outputs are left out this step (train/output_schedule.py)
+        self.hook_seconds = 0.0  # time spent measuring module outputs (what the output schedule weighs)
+        self.exact_grad_norms = False  # True: torch's own norms, bit for bit (the Trainer's clipping reuses them)
         self._detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._handles: list = []
         self._state_key: list[int] | None = None
@@ -137,8 +142,9 @@ class Watch:
 
     # -- recording (all on the device) -------------------------------------------------------------------------
     def _on_output(self, module: nn.Module, inputs, output) -> None:
-        if not self.enabled:
+        if not self.enabled or not (self.measure_outputs or self._detailed):
             return
+        started = time.perf_counter()
         # the common case, a single tensor, without a generic walk of the output
         t = output if type(output) is torch.Tensor else _first_float(output)
         if t is None or not t.is_floating_point() or t.numel() == 0:
@@ -149,8 +155,9 @@ class Watch:
         else:
             self._minmax.append(torch.aminmax(t.detach()))
             self._last_output = weakref.ref(t)  # weak: holding the output would keep it alive through backward
-        if self.detailed:
+        if self._detailed:
             self._layer_stats[f"{self.module_names[module] or '<model>'} ({type(module).__name__})"] = tensor_stats(t)
+        self.hook_seconds += time.perf_counter() - started
 
     def watch_batch(self, batch) -> None:
         for path, t in flat_tensors(batch):
@@ -171,7 +178,7 @@ class Watch:
             return None
         grads = [g for _, g in named]
         with torch.no_grad():  # a gradient of a create_graph backward requires grad itself
-            norms = l2_norms(grads)
+            norms = l2_norms(grads, self.exact_grad_norms)
             if inverse_scale is not None:
                 norms = list(torch._foreach_mul(norms, inverse_scale.to(norms[0].device, torch.float32)))
         self._norms["grad"].append(([n for n, _ in named], norms, grads))

@@ -114,7 +114,8 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
 
     def __init__(self, trainer, report: str | None = None, bundle_dir: str | None = None, *, bundle: bool = True,
                  log: str | None = None, on_trip: str = "stop", task: str | None = None,
-                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None):
+                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None,
+                 outputs_every: int | None = None):
         if not isinstance(trainer, transformers.Trainer):
             raise InputError(f"DebugNaNCallback(trainer, ...) needs the transformers.Trainer it watches (got "
                              f"{type(trainer).__name__}): trainer.add_callback(DebugNaNCallback(trainer)).")
@@ -122,6 +123,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
         self.task, self.explosion = task, (explosion_threshold, explosion_growth)
         self.snapshot_every = snapshot_every  # copy the state every N steps (None: train/copies.py chooses)
+        self.outputs_every = outputs_every  # measure module outputs every N steps (None: train/output_schedule.py)
         self.monitor: HFMonitor | None = None
         self._first = True
 
@@ -138,7 +140,8 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
             self.outputs, task=self.task, device=args.device, optimizer=t.optimizer,
             accumulation=args.gradient_accumulation_steps, precision=precision, max_grad_norm=args.max_grad_norm,
             max_steps=state.max_steps, seed=args.seed, explosion_threshold=self.explosion[0],
-            explosion_growth=self.explosion[1], snapshot_every=self.snapshot_every)
+            explosion_growth=self.explosion[1], snapshot_every=self.snapshot_every,
+            outputs_every=self.outputs_every)
         self.monitor = HFMonitor(t, settings, log, self.outputs.bundle_dir)
         self._install()
         if args.process_index == 0:

@@ -105,10 +105,12 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
 
     def __init__(self, report: str | None = None, bundle_dir: str | None = None, *, bundle: bool = True,
                  log: str | None = None, on_trip: str = "stop", task: str | None = None,
-                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None):
+                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None,
+                 outputs_every: int | None = None):
         self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
         self.task, self.explosion = task, (explosion_threshold, explosion_growth)
         self.snapshot_every = snapshot_every  # copy the state every N steps (None: train/copies.py chooses)
+        self.outputs_every = outputs_every  # measure module outputs every N steps (None: train/output_schedule.py)
         self.monitor: LightningMonitor | None = None
         self._stepping = False
 
@@ -122,7 +124,8 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             max_grad_norm=trainer.gradient_clip_val if trainer.gradient_clip_algorithm == "norm" else None,
             max_steps=trainer.max_steps, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
             explosion_threshold=self.explosion[0], explosion_growth=self.explosion[1],
-            snapshot_every=self.snapshot_every)
+            snapshot_every=self.snapshot_every,
+            outputs_every=self.outputs_every)
         self.monitor = LightningMonitor(trainer, pl_module, settings, log, self.outputs.bundle_dir)
         if trainer.global_rank == 0:
             log(f"[debug-nan] watching {type(pl_module).__name__} in Lightning {pl.__version__} ({trainer.precision}, "

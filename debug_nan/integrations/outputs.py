@@ -119,7 +119,8 @@ def _rank_path(path: str, rank: int) -> str:
 
 def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accumulation: int, precision: str,
                  max_grad_norm: float | None, max_steps: int, seed: int, explosion_threshold: float,
-                 explosion_growth: float, snapshot_every: int | None = None) -> RunSettings:
+                 explosion_growth: float, snapshot_every: int | None = None,
+                 outputs_every: int | None = None) -> RunSettings:
     """The framework's recipe in the CLI's settings (the report's `settings`, and a bundle's, so that
     `debug-nan replay BUNDLE` rebuilds the same step from `task`)."""
     group = optimizer.param_groups[0]
@@ -128,5 +129,6 @@ def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accum
                        weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,
                        max_grad_norm=max_grad_norm or None, precision=precision, seed=seed,
                        explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
-                       snapshot_every=snapshot_every or 0, report=outputs.report, log=outputs.log_path,
+                       snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0,
+                       report=outputs.report, log=outputs.log_path,
                        bundle_dir=outputs.bundle_dir, bundle=outputs.bundle_dir is not None)

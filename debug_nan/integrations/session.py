@@ -50,7 +50,8 @@ class FrameworkMonitor:
             # exception is decided by the rank that raised, alone
             agree_on_errors=False, bundle_sink=sink,
             explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect,
-            snapshot_mode=self.snapshot_mode, snapshot_every=settings.snapshot_every or None, scheduler=scheduler))
+            snapshot_mode=self.snapshot_mode, snapshot_every=settings.snapshot_every or None,
+            outputs_every=settings.outputs_every or None, scheduler=scheduler))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside a training micro-batch
         self.findings: list[Finding] = []

@@ -84,6 +84,9 @@ def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[st
         if held:
             line += f"; {held} held NaN/Inf (see the notes at the end)"
         out.append((line, None))
+    elif not record.outputs_measured:
+        out.append(("  [acts]  module outputs not measured in this step (they are measured on a stride; they never "
+                    "trip)", None))
     if record.scaler_skipped:
         out.append(("  [ok] module outputs and loss finite; gradients overflowed the fp16 loss scale (step skipped)",
                     None))

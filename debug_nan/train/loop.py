@@ -63,6 +63,7 @@ class Trainer:
         self.scaler = self.precision.scaler
         self.accumulation_steps = settings.gradient_accumulation_steps
         self.watch = Watch(self.model, self.optimizer)
+        self.watch.exact_grad_norms = bool(self.recipe.max_grad_norm)  # clip_and_step reuses them
         self.watch.detailed = settings.trace_every_step
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
@@ -73,7 +74,7 @@ class Trainer:
             averaged_after_watch=dist_ctx is not None, explosion=(settings.explosion_threshold,
                                                                   settings.explosion_growth),
             dialect="cli", snapshot_mode=settings.snapshot, snapshot_every=settings.snapshot_every or None,
-            scheduler=self.scheduler), self.watch)
+            outputs_every=settings.outputs_every or None, scheduler=self.scheduler), self.watch)
         self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")

@@ -36,6 +36,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
 from debug_nan.train.copies import StateCopies
 from debug_nan.train.outcome import MicroOutcome
+from debug_nan.train.output_schedule import OutputSchedule
 from debug_nan.train.precision import unscaled
 from debug_nan.train.repro import repro_state
 from debug_nan.train.unreplayed import interrupted_pinpoint, unreplayed_finding
@@ -59,6 +60,8 @@ class SessionPolicies:
     snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 0.5% of
     # a step, measured on the CPU (train/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
     scheduler: object | None = None  # restored by a replay with the rest of the state
+    outputs_every: int | None = None  # measure module outputs every N steps; None: every step up to step 16, then
+    # as often as costs at most 1% of a step, measured on the CPU (train/output_schedule.py); every step on CUDA
 
 
 class StepSession:
@@ -76,6 +79,7 @@ class StepSession:
         self.previous: StepInputs | None = None  # the step whose update the next sync checks
         self.copies = StateCopies(self.snapshot, driver, self.watch, self.log, policies.snapshot_every,
                                   adaptive=self.device.type == "cpu", distributed=policies.agreement is not None)
+        self.outputs = OutputSchedule(policies.outputs_every, adaptive=self.device.type == "cpu", log=self.log)
         self.record: StepRecord | None = None
         self.micro = 0
         self.steps = 0
@@ -91,7 +95,9 @@ class StepSession:
         self._read_update()  # the last update, as this step finds the state
         self._trip_target = None
         self.inputs = self.copies.begin(self.steps)  # (the buffers staged as the forward finds them)
-        self.record = self.history.begin(self.steps)
+        measure = self.outputs.begin(self.steps)
+        self.watch.measure_outputs, self.watch.hook_seconds = measure, 0.0
+        self.record = self.history.begin(self.steps, outputs_measured=measure or self.watch.detailed)
         self.record.lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
         self.micro = 0
         return self.inputs
@@ -157,6 +163,7 @@ class StepSession:
         self._unread_update = True
         self.previous = self.inputs
         self.copies.stepped()
+        self.outputs.stepped(self.watch.hook_seconds)
 
     def _read_update(self) -> None:
         if self._unread_update:

@@ -1,11 +1,12 @@
-"""norms.state_sums: the parameter and optimizer-state check, a parallel sum per large CPU tensor."""
+"""norms.state_sums: the parameter and optimizer-state check, a parallel sum per large CPU tensor; norms.l2_norms:
+the gradients' norms, exact (torch's own, which clipping reuses) or by a parallel dot product for large tensors."""
 
 import math
 
 import torch
 from torch import nn
 
-from debug_nan.checks.norms import BIG, state_sums
+from debug_nan.checks.norms import BIG, l2_norms, state_sums
 from debug_nan.checks.watch import Watch
 
 
@@ -40,3 +41,26 @@ def test_infinities_of_both_signs_in_a_summed_tensor_read_as_inf_not_nan():
     watch.watch_params()
     harm = watch.sync().first_harm()
     assert (harm.kind, harm.name, harm.value) == ("param", "weight", math.inf)
+
+
+def test_inexact_norms_are_dot_products_for_large_contiguous_cpu_tensors_only():
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(BIG * 2, generator=g)
+    tensors = [big, torch.randn(8, 8, generator=g), big.view(2, BIG).t(), big.half(), big.double()]
+    exact = l2_norms(tensors)
+    fast = l2_norms(tensors, exact=False)
+    assert exact[0].item() == torch._foreach_norm([big])[0].item()  # exact: torch's own kernel, bit for bit
+    for i in (1, 2, 3):  # small, non-contiguous, fp16: the same kernel as the exact path
+        assert fast[i].item() == exact[i].item()
+    for i in (0, 4):  # the dot product: the same norm up to the order of the sums
+        assert fast[i].item() != 0 and math.isclose(fast[i].item(), exact[i].item(), rel_tol=1e-5)
+    assert fast[4].dtype == torch.float64 and fast[3].dtype == torch.float32
+
+
+def test_inexact_norms_keep_nan_and_inf_of_either_sign():
+    for bad, expect in ((math.nan, math.isnan), (-math.inf, math.isinf), (math.inf, math.isinf)):
+        t = torch.ones(BIG)
+        t[123] = bad
+        assert expect(l2_norms([t], exact=False)[0].item())
+    huge = torch.full((BIG,), 1e20)  # finite, but the square overflows: +Inf, which the watch's second look settles
+    assert l2_norms([huge], exact=False)[0].item() == math.inf

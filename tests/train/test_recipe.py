@@ -104,3 +104,34 @@ def test_the_trainer_is_a_step_driver_and_never_calls_train_per_forward():
     assert trainer.run().status == "clean"
     bn = [i for i, m in enumerate(model.modules()) if m is model.bn][0]
     assert len(calls) == 2 and not any(c[bn] for c in calls)  # the frozen BatchNorm stayed in eval mode
+
+
+def test_clipping_reuses_the_watchs_norms_only_when_they_are_torchs_own_bit_for_bit():
+    """Large gradients get a faster norm (norms.l2_norms exact=False) unless the run clips with them: the clipped
+    run then trains exactly as clip_grad_norm_ does."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(256, 512), nn.Tanh(), nn.Linear(512, 1))  # 131072 weights: >= norms.BIG
+
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(32, 256, generator=g), "y": torch.randn(32, 1, generator=g)} for _ in range(4)]
+
+    def loss(m, b):
+        return ((m(b["x"]) - b["y"]) ** 2).mean()
+
+    t = Task(model=make(), batches=batches, loss=loss, name="t", max_grad_norm=0.05,
+             optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+    trainer = Trainer(t, RunSettings(device="cpu", max_steps=4), Log(stream=io.StringIO()))
+    assert trainer.watch.exact_grad_norms
+    assert trainer.run().status == "clean"
+    plain = make()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    for b in batches:
+        opt.zero_grad()
+        loss(plain, b).backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.05)
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), plain.parameters()))
+    unclipped = Trainer(Task(model=make(), batches=batches, loss=loss, name="t"), RunSettings(device="cpu"),
+                        Log(stream=io.StringIO()))
+    assert not unclipped.watch.exact_grad_norms

@@ -1,0 +1,104 @@
+"""When module outputs are measured: every step up to WARM_STEPS, then on a stride chosen from what measuring them
+costs (CPU), every step on CUDA, or every N steps when fixed. Module outputs never trip, so the findings do not
+depend on it (checked through the CLI below)."""
+
+import pytest
+
+from debug_nan.train import output_schedule as schedule_module
+from debug_nan.train.output_schedule import MAX_OUTPUTS_EVERY, WARM_STEPS, OutputSchedule
+from tests.conftest import REPO
+
+BUGS = REPO / "tests" / "public_bugs.py"
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(schedule: OutputSchedule, clock: FakeClock, steps: range, step_s: float, hooks_s: float) -> list[int]:
+    """Drive the schedule like the session: begin, a step of `step_s` seconds (of which `hooks_s` in the hooks when
+    measured), the optimizer step -> the steps measured."""
+    measured = []
+    for step in steps:
+        on = schedule.begin(step)
+        clock.now += step_s
+        schedule.stepped(hooks_s if on else 0.0)
+        if on:
+            measured.append(step)
+    return measured
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(schedule_module.time, "perf_counter", fake)
+    return fake
+
+
+def test_adaptive_measures_every_warm_step_then_keeps_the_cost_under_one_percent(clock):
+    lines = []
+    s = OutputSchedule(None, adaptive=True, log=lambda line="", colour=None: lines.append(line))
+    # 3.5% of a step in the hooks: every 4th step costs 0.875%
+    measured = run_steps(s, clock, range(1, 41), step_s=0.1, hooks_s=0.0035)
+    assert measured == list(range(1, WARM_STEPS + 1)) + [20, 24, 28, 32, 36, 40]
+    assert s.every == 4
+    assert len(lines) == 1 and "3.5% of a step" in lines[0] and "from step 17" in lines[0] \
+        and "every 4 steps" in lines[0]
+    assert s.describe() == f"every step up to step {WARM_STEPS}, then every 4 steps"
+
+
+def test_adaptive_stays_on_every_step_when_measuring_is_cheap(clock):
+    s = OutputSchedule(None, adaptive=True)
+    assert run_steps(s, clock, range(1, 31), step_s=0.1, hooks_s=0.0009) == list(range(1, 31))
+    assert s.describe() == "every step"
+
+
+def test_adaptive_stride_is_capped(clock):
+    s = OutputSchedule(None, adaptive=True)
+    run_steps(s, clock, range(1, 60), step_s=0.1, hooks_s=0.05)  # half the step (a model of tiny layers)
+    assert s.every == MAX_OUTPUTS_EVERY
+
+
+def test_not_adaptive_measures_every_step(clock):  # CUDA: the reductions are queued on the device
+    s = OutputSchedule(None, adaptive=False)
+    assert run_steps(s, clock, range(1, 41), step_s=0.1, hooks_s=0.05) == list(range(1, 41))
+
+
+def test_a_fixed_stride_starts_at_the_first_step(clock):
+    s = OutputSchedule(3, adaptive=True)
+    assert run_steps(s, clock, range(1, 11), step_s=0.1, hooks_s=0.05) == [1, 4, 7, 10]
+    assert s.every == 3 and s.describe() == "every 3 steps"
+
+
+def task(name: str, *extra: str) -> list[str]:
+    return ["--task", f"{BUGS}:{name}", "--device", "cpu", *extra]
+
+
+def test_cli_notes_and_step_lines_say_which_steps_were_measured(run_cli):
+    run = run_cli(*task("rl_masked_logits"), "--max-steps", "7", "--outputs-every", "3")
+    assert run.code == 0 and run.report["status"] == "clean", run.output
+    text = " ".join(run.output.split())
+    assert "`policy` output holds -inf in every step whose outputs were measured (3 of steps 1..7)" in text
+    assert run.output.count("module outputs not measured in this step") == 4  # steps 2, 3, 5, 6
+    history = {r["step"]: r for r in run.report["history"]}
+    assert history[1]["max_abs_activation"] and "outputs_measured" not in history[1]
+    assert history[2]["outputs_measured"] is False and history[2]["max_abs_activation"] == {}
+    assert all(history[s]["loss"] is not None for s in range(1, 8))  # the checks that trip ran in every step
+
+
+@pytest.mark.parametrize("name, steps", [("cross_entropy_all_ignored", "3"), ("rl_no_legal_action", "3")])
+def test_cli_finding_is_the_same_when_the_trip_step_is_not_measured(run_cli, name, steps):
+    every = run_cli(*task(name, "--max-steps", steps, "--outputs-every", "1")).first
+    strided = run_cli(*task(name, "--max-steps", steps, "--outputs-every", "4")).first  # step 2 not measured
+    keys = ("step", "micro_step", "phase", "module", "op", "kind", "cause", "source_line")
+    assert every["step"] == 2
+    assert {k: strided[k] for k in keys} == {k: every[k] for k in keys}
+
+
+def test_cli_refuses_a_negative_stride(run_cli):
+    run = run_cli(*task("rl_masked_logits"), "--outputs-every", "-1")
+    assert run.code == 2 and "--outputs-every must be >= 0" in run.output
