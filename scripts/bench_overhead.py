@@ -22,8 +22,8 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
   trace           the op-level tracer (what only the replayed micro-batch pays)
   detect_anomaly  torch.autograd.detect_anomaly() around a plain step
   naive_hooks     plain + a forward hook on every module doing `isfinite(out).all().item()` (a host sync each)
-Modes alternate within every repeat (drift hits all alike), after warm-up. `x plain` is the median over the
-repeats of each repeat's time divided by the same repeat's plain time; `CPU x plain` is the same with the CPU time
+Modes alternate within every repeat (drift hits all alike), in an order that rotates, after warm-up. `x plain`
+is the median over the repeats of each repeat's time divided by the same repeat's plain time; `CPU x plain` is the same with the CPU time
 of this process (all its threads): steadier than wall time on a machine that other processes share, though it
 under-weights single-threaded extra work next to a multi-threaded step. On CUDA the device is synchronised around
 every step, and the host syncs of one watch step are counted with torch.cuda.set_sync_debug_mode("warn").
@@ -212,7 +212,9 @@ def main() -> None:
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(args.warmup + args.repeats):
-        for mode in modes:
+        # the order rotates from repeat to repeat: a step runs faster or slower after some modes (caches, the
+        # OpenMP threads' state), which must not favour one mode
+        for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
             if mode.startswith("watch"):
                 watch.attach()
             if mode == "monitor":

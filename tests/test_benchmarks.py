@@ -18,7 +18,8 @@ def test_bench_overhead_writes_every_mode(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
-    modes = {"plain", "watch", "watch_only", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks"}
+    modes = {"plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly",
+             "naive_hooks"}
     assert set(data["ms_per_step"]) == set(data["ratio_to_plain"]) == modes
     assert data["ratio_to_plain"]["plain"] == 1.0 and all(v > 0 for v in data["ms_per_step"].values())
     assert data["device"].startswith("cpu") and data["model"] == "aam" and data["config"]["token_limit"] == 24

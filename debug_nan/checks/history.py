@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from debug_nan.checks.watch_result import MicroResult, larger
 
 MAX_NOTES = 10  # outputs that never reached harm, listed one per line in the summary
@@ -162,10 +164,10 @@ class History:
     @staticmethod
     def step_gradients(rec: StepRecord, result: MicroResult | None) -> None:
         """The step's gradient norms: those read after its last micro-batch (accumulated over the step)."""
-        grads = result.values("grad") if result is not None else {}
-        rec.grad_norms = grads
-        if grads:
-            rec.grad_norm = math.sqrt(sum(v * v for v in grads.values()))
+        seg = result.segment("grad") if result is not None else None
+        rec.grad_norms = result.values("grad") if seg is not None else {}
+        if seg is not None and len(seg.value):
+            rec.grad_norm = float(np.sqrt(np.dot(seg.value, seg.value)))
 
     def nonfinite_notes(self) -> list[str]:
         """One line per module output / batch key that held NaN or Inf, e.g. "`block.bias` output holds -inf in

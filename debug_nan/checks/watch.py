@@ -89,6 +89,7 @@ class Watch:
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
         self._sum_plan: tuple[list[int], list[int]] = ([], [])
         self.buffers = BufferWatch(model)  # which buffers went non-finite (read in the same one sync)
+        self._anchor = next(model.parameters(), None)
         self.discard()
         self.attach()
 
@@ -243,9 +244,11 @@ class Watch:
         return result
 
     def _home_device(self) -> torch.device:
-        first = next(self.model.parameters(), None)
-        if first is None:
-            first = next(self.model.buffers(), None)
+        # the first parameter, kept: model.to() moves its data but keeps the object (a walk of every module per sync
+        # to find it again costs ~0.3 ms on a 300-module model)
+        if self._anchor is not None:
+            return self._anchor.device
+        first = next(self.model.buffers(), None)
         return first.device if first is not None else torch.device("cpu")
 
     def _layout(self, device: torch.device) -> tuple[list[tuple[str, list[str], int, list]], list[torch.Tensor]]:

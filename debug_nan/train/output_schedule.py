@@ -25,9 +25,13 @@ MAX_OUTPUTS_EVERY = 16
 
 class OutputSchedule:
     def __init__(self, every: int | None, adaptive: bool, log=lambda line="", colour=None: None):
-        self.fixed = every
+        """`every`: a fixed stride (None or 0: chosen here); `adaptive`: choose it from measured costs (the CPU)."""
+        if every is not None and every < 0:
+            raise ValueError(f"outputs_every={every}: measure the module outputs every N >= 1 steps, or 0 / None "
+                             f"to have it chosen from what measuring them costs")
+        self.fixed = every or None
         self.every = every or 1
-        self.adaptive = every is None and adaptive
+        self.adaptive = self.fixed is None and adaptive
         self.log = log
         self.last_measured: int | None = None
         self._measuring = False  # the step under way measures its outputs

@@ -102,3 +102,9 @@ def test_cli_finding_is_the_same_when_the_trip_step_is_not_measured(run_cli, nam
 def test_cli_refuses_a_negative_stride(run_cli):
     run = run_cli(*task("rl_masked_logits"), "--outputs-every", "-1")
     assert run.code == 2 and "--outputs-every must be >= 0" in run.output
+
+
+def test_zero_is_chosen_and_a_negative_stride_is_refused(clock):
+    assert OutputSchedule(0, adaptive=True).adaptive
+    with pytest.raises(ValueError, match="outputs_every=-2"):
+        OutputSchedule(-2, adaptive=True)
