@@ -88,6 +88,21 @@ class NonfiniteSeries:
         return f"in step{'s' if self.steps > 1 else ''} {shown}{more}{measured}"
 
 
+@dataclass
+class MeasuredSteps:
+    """The steps whose module outputs the watch measured (all of them unless train/output_schedule.py thins them)."""
+
+    count: int = 0
+    first: int | None = None
+    previous: int | None = None  # the one measured before `last`
+    last: int | None = None
+
+    def add(self, step: int) -> None:
+        self.count += 1
+        self.first = step if self.first is None else self.first
+        self.previous, self.last = self.last, step
+
+
 class History:
     def __init__(self):
         self.steps: list[StepRecord] = []
@@ -95,13 +110,12 @@ class History:
         self.stride = 1  # older steps keep their per-layer values when step % stride == 0
         self._sparse = 0  # how many steps before the recent window still have them
         self.first_harm_step: int | None = None  # the first step whose loss, gradients or parameters went non-finite
-        self.measured: list[int] = []  # [count, first, previous, last] of the steps whose module outputs were measured
+        self.measured = MeasuredSteps()
 
     def begin(self, step: int, outputs_measured: bool = True) -> StepRecord:
         rec = StepRecord(step, outputs_measured=outputs_measured)
         if outputs_measured:
-            count, first, _, last = self.measured or [0, step, None, None]
-            self.measured = [count + 1, first, last, step]
+            self.measured.add(step)
         self.steps.append(rec)
         if len(self.steps) > RECENT_STEPS:
             self._thin(self.steps[-RECENT_STEPS - 1])
@@ -127,10 +141,12 @@ class History:
 
     def kept(self) -> str:
         """What the history holds, in words (for the JSON report)."""
+        thinned = "" if self.measured.count >= len(self.steps) else \
+            f"; module outputs (max_abs_activation) measured in {self.measured.count} of the {len(self.steps)} steps"
         if all(r.per_layer for r in self.steps):
-            return "every step's values, per layer too"
+            return "every step's values, per layer too" + thinned
         return (f"every step's loss, gradient norm, lr, time and memory; per-layer values (max_abs_activation, "
-                f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them")
+                f"grad_norms) for the last {RECENT_STEPS} steps and every {self.stride}th step before them{thinned}")
 
     def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
         rec.micro_batches += 1
@@ -147,8 +163,7 @@ class History:
             rec.parts[name] = rec.parts.get(name, 0.0) + value
         # a series goes on from the step checked before: the last step for a batch key, the last step whose
         # outputs were measured for a module output
-        previous_measured = self.measured[2] if self.measured else None
-        for where, kind, previous in (("batch key", "data", rec.step - 1), ("output", "forward", previous_measured)):
+        for where, kind, previous in (("batch key", "data", rec.step - 1), ("output", "forward", self.measured.previous)):
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
                 series.add(rec.step, check.nonfinite, previous)
@@ -178,8 +193,8 @@ class History:
         quiet, harmed = [], []
         for series in self.nonfinite.values():
             held = " and ".join(k for k in ("nan", "+inf", "-inf") if k in series.held)
-            span = (first, last) if series.where != "output" or not self.measured else \
-                (self.measured[1], self.measured[3], self.measured[0])
+            m = self.measured
+            span = (m.first, m.last, m.count) if series.where == "output" and m.count else (first, last)
             line = (f"`{series.name or '<model>'}` {series.where} holds {held.replace('nan', 'NaN')} "
                     f"{series.describe_steps(*span)}")
             if series.harmed:

@@ -28,21 +28,11 @@ from torch import nn
 from debug_nan.checks.buffer_watch import BufferWatch
 from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums, sum_plan
 from debug_nan.checks.stats import flat_tensors, tensor_stats
-from debug_nan.checks.vocabulary import PHASE_OF_KIND
+from debug_nan.checks.phase_codes import NORM_KINDS as _NORM_KINDS, device_code, host_code
 from debug_nan.checks.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
 
-__all__ = ["ABORT_CODE", "CODE_PHASE", "EXCEPTION_CODE", "HARM_KINDS", "PHASE_CODE", "PHASE_OF_KIND", "Check",
-           "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
+__all__ = ["HARM_KINDS", "Check", "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
 
-# DDP phase codes, all-reduced (MAX) every micro-batch: a higher code was seen earlier in a micro-batch (0 = nothing).
-# "exception": user code raised (between the loss and the gradients, as far as ordering goes); "abort": a rank must
-# stop for a reason that is not numerical (bad input, out of memory, Ctrl-C).
-_LATEST_FIRST = ("backward", "exception", "loss", "forward", "data", "optimizer", "abort")
-CODE_PHASE = {code: phase for code, phase in enumerate(_LATEST_FIRST, start=1)}
-_CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
-PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
-ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
-_NORM_KINDS = ("param", "grad")  # finiteness read from a norm or a sum (which may overflow: see the second look)
 _NormChunk = tuple[list[str], list[torch.Tensor], list[torch.Tensor]]
 
 
@@ -80,7 +70,8 @@ class Watch:
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.hooked = [m for m in self.module_names if m is model or not _passes_through(m)]
         self.enabled = True
-        self.measure_outputs = True  # False: module outputs are left out this step (train/output_schedule.py)
+        self._measure = True  # module outputs measured this step (see measure_outputs)
+        self._wanted = False  # attach() was called and close() was not: the hooks are registered when measuring
         self.hook_seconds = 0.0  # time spent measuring module outputs (what the output schedule weighs)
         self.exact_grad_norms = False  # True: torch's own norms, bit for bit (the Trainer's clipping reuses them)
         self._detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
@@ -100,20 +91,41 @@ class Watch:
     @detailed.setter
     def detailed(self, on: bool) -> None:
         """Full statistics of every module's output (each a host sync): every module is hooked then."""
-        attached = bool(self._handles)
-        self.close()
+        self._unregister()
         self._detailed = on
-        if attached:
-            self.attach()
+        if self._wanted:
+            self._register()
+
+    @property
+    def measure_outputs(self) -> bool:
+        return self._measure
+
+    @measure_outputs.setter
+    def measure_outputs(self, on: bool) -> None:
+        """Measure the module outputs from now on, or leave them out (the session's output schedule): then no hook
+        is registered at all (one that returns at once still takes its module off torch's fast call path: ~4 us a
+        call, 0.9 ms a forward on a 300-module model)."""
+        self._measure = on
+        if self._wanted:
+            (self._register if on or self._detailed else self._unregister)()
 
     def attach(self) -> None:
         """Register the forward hooks (done by the constructor; again after close())."""
+        self._wanted = True
+        if self._measure or self._detailed:
+            self._register()
+
+    def close(self) -> None:
+        """Remove the forward hooks: the model runs as if never watched."""
+        self._wanted = False
+        self._unregister()
+
+    def _register(self) -> None:
         if not self._handles:
             modules = self.module_names if self._detailed else self.hooked
             self._handles = [m.register_forward_hook(self._on_output) for m in modules]
 
-    def close(self) -> None:
-        """Remove the forward hooks: the model runs as if never watched."""
+    def _unregister(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -143,7 +155,7 @@ class Watch:
 
     # -- recording (all on the device) -------------------------------------------------------------------------
     def _on_output(self, module: nn.Module, inputs, output) -> None:
-        if not self.enabled or not (self.measure_outputs or self._detailed):
+        if not self.enabled:
             return
         started = time.perf_counter()
         # the common case, a single tensor, without a generic walk of the output
@@ -229,7 +241,7 @@ class Watch:
         flat = torch.cat(parts) if parts else torch.zeros(0, device=device, dtype=torch.float64)
         n = flat.numel()
         if agree is not None:
-            flat = torch.cat([flat, agree(self._device_code(flat, layout, raised, abort)).to(flat)])
+            flat = torch.cat([flat, agree(device_code(flat, layout, raised, abort)).to(flat)])
         host = np.asarray(flat.tolist(), dtype=np.float64)  # the one host sync
         segments = self._segments(layout, host[:n])
         self._second_look(layout, segments)
@@ -238,7 +250,7 @@ class Watch:
         result = MicroResult(segments, self._layer_stats, codes, new_buffers)
         if codes is not None and any(c != int(c) for c in codes):
             # some rank's norm overflowed with finite elements (rare): agree again on the settled codes
-            code = torch.tensor(float(self.host_code(result, raised, abort)), device=device)
+            code = torch.tensor(float(host_code(result, raised, abort)), device=device)
             result.rank_codes = agree(code).tolist()
         self.discard()
         return result
@@ -317,33 +329,3 @@ class Watch:
             seg.nonfinite[i] = not np.isfinite(peak)
             if seg.kind == "param" and np.isinf(peak):  # +Inf and -Inf elements summed to NaN: no NaN among them
                 seg.value[i] = peak
-
-    @staticmethod
-    def host_code(result: MicroResult, raised: bool = False, abort: bool = False) -> int:
-        """This rank's phase code from settled host values (the device computes the same in _device_code)."""
-        bad = result.first_harm()
-        code = PHASE_CODE[bad.kind] if bad is not None else 0
-        return max(code, ABORT_CODE if abort else EXCEPTION_CODE if raised else 0)
-
-    @staticmethod
-    def _device_code(flat: torch.Tensor, layout, raised: bool, abort: bool) -> torch.Tensor:
-        """0-d float32 phase code of this micro-batch, on the device (no sync). As host_code, plus 0.5 when a norm
-        read +Inf (it may have overflowed with finite elements: the ranks then settle it in a second round)."""
-        # per kind, on slices of the flat vector: no host array is copied to the device (a pageable copy can
-        # block like a sync)
-        code = harm = data = ambiguous = torch.zeros((), device=flat.device, dtype=torch.float64)
-        bad, start = ~torch.isfinite(flat), 0
-        for kind, names, width, _ in layout:
-            part = slice(start, start + len(names) * width)
-            start = part.stop
-            if kind in HARM_KINDS:
-                harm = torch.maximum(harm, bad[part].any() * float(PHASE_CODE[kind]))
-            if kind in _NORM_KINDS:  # as _second_look: +Inf norms, any non-finite parameter sum
-                ambiguous = ambiguous + (torch.isposinf(flat[part]) if kind == "grad" else bad[part]).any()
-            if kind == "data":
-                data = bad[part].any() * float(PHASE_CODE["data"])
-        if layout:
-            code = torch.maximum(harm, data * (harm > 0)) + 0.5 * (ambiguous > 0)
-        if abort or raised:
-            code = torch.clamp(code, min=float(ABORT_CODE if abort else EXCEPTION_CODE))
-        return code.float()

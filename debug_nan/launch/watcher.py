@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from debug_nan.checks.history import History
-from debug_nan.checks.watch import CODE_PHASE, PHASE_CODE
+from debug_nan.checks.phase_codes import CODE_PHASE, PHASE_CODE
 from debug_nan.checks.watch_result import Check
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import RunStopped

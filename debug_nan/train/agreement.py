@@ -18,7 +18,7 @@ import torch
 from debug_nan.checks.driver import TaskFailure, is_out_of_memory
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import StepRecord
-from debug_nan.checks.watch import ABORT_CODE, CODE_PHASE, PHASE_CODE
+from debug_nan.checks.phase_codes import ABORT_CODE, CODE_PHASE, PHASE_CODE
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.train.distributed import DistContext, agree, broadcast
 from debug_nan.train.outcome import MicroOutcome

@@ -11,7 +11,8 @@ import torch
 from debug_nan.checks.driver import StepInputs
 from debug_nan.checks.finding import Finding
 from debug_nan.checks.history import History, StepRecord
-from debug_nan.checks.watch import PHASE_CODE, Check
+from debug_nan.checks.phase_codes import PHASE_CODE
+from debug_nan.checks.watch import Check
 
 
 @dataclass

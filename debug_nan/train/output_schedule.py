@@ -64,12 +64,5 @@ class OutputSchedule:
         share = self._spent / self._stepped
         self.every = min(MAX_OUTPUTS_EVERY, max(1, math.ceil(share / OUTPUT_SHARE)))
 
-    def describe(self) -> str:
-        """How often, in words (for the notes and the JSON report)."""
-        if self.every == 1:
-            return "every step"
-        return (f"every step up to step {WARM_STEPS}, then every {self.every} steps" if self.fixed is None
-                else f"every {self.every} steps")
-
 
 __all__ = ["MAX_OUTPUTS_EVERY", "OUTPUT_SHARE", "OutputSchedule", "WARM_STEPS"]

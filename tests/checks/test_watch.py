@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.watch import (ABORT_CODE, CODE_PHASE, EXCEPTION_CODE, PHASE_CODE, PHASE_OF_KIND, Watch,
-                                    l2_norms)
+from debug_nan.checks.phase_codes import ABORT_CODE, CODE_PHASE, EXCEPTION_CODE, PHASE_CODE, host_code
+from debug_nan.checks.vocabulary import PHASE_OF_KIND
+from debug_nan.checks.watch import Watch, l2_norms
 
 
 class Biased(nn.Module):
@@ -174,7 +175,7 @@ def test_ddp_phase_codes_ride_in_the_one_sync(y, raised, abort, code):
     result = micro(watch, model, batch, lambda m, b: ((m(b["x"]).squeeze(-1) - b["y"]) ** 2).mean(), world,
                    raised, abort)
     assert result.rank_codes == [code] and world.calls == [code]
-    assert Watch.host_code(result, raised, abort) == code
+    assert host_code(result, raised, abort) == code
 
 
 def test_ddp_codes_settle_an_overflowed_norm_in_a_second_round():
@@ -253,3 +254,31 @@ def test_two_ranks_settle_an_overflowed_norm_together(tmp_path):
         results = dict(results)
     grad = float(PHASE_CODE["grad"])
     assert results[0] == results[1] == [[0.0, 0.0], [0.0, grad]]
+
+
+def test_a_step_that_leaves_module_outputs_out_registers_no_hook():
+    """A hook that returns at once still takes its module off torch's fast call path: none is left registered."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    watch = Watch(model)
+
+    def hooked() -> int:
+        return sum(len(m._forward_hooks) for m in model.modules())
+
+    assert hooked() == 3  # the root and both Linears (ReLU has no weights of its own)
+    watch.measure_outputs = False
+    assert hooked() == 0
+    model(torch.ones(2, 3))
+    assert watch.sync().segment("forward") is None
+    watch.close()
+    watch.attach()
+    assert hooked() == 0  # attached, but this step measures nothing
+    watch.measure_outputs = True
+    assert hooked() == 3
+    model(torch.ones(2, 3))
+    assert len(watch.sync().segment("forward").names) == 3
+    watch.measure_outputs = False
+    watch.detailed = True  # --trace-every-step hooks every module, every step
+    assert hooked() == 4
+    watch.close()
+    watch.measure_outputs = True
+    assert hooked() == 0  # closed stays closed
