@@ -91,7 +91,7 @@ RUN_OPTIONS = [
          "CUDA, where the copy overlaps the step; on the CPU as often as costs at most 0.5% of a step]"),
     _opt("--outputs-every", type=int, help="Measure the module outputs (max |x| per layer for the history, the "
          "notes on -inf masks; they never trip) every N steps. [default: 0 = every step on CUDA and for the first "
-         "16 steps; after them, on the CPU, as often as costs at most 1% of a step]"),
+         "16 steps; after them, on the CPU, as often as costs at most 0.5% of a step]"),
     _opt("--report", type=click.Path(dir_okay=False), help="Write the JSON report here."),
     _opt("--bundle-dir", type=click.Path(file_okay=False), help="Where a finding writes its repro bundle "
                                                                  "[default: the report's folder, else .]"),

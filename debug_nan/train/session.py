@@ -61,7 +61,7 @@ class SessionPolicies:
     # a step, measured on the CPU (train/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
     scheduler: object | None = None  # restored by a replay with the rest of the state
     outputs_every: int | None = None  # measure module outputs every N steps; None: every step up to step 16, then
-    # as often as costs at most 1% of a step, measured on the CPU (train/output_schedule.py); every step on CUDA
+    # as often as costs at most 0.5% of a step, measured on the CPU (train/output_schedule.py); every step on CUDA
 
 
 class StepSession:
