@@ -1,6 +1,6 @@
 """The cost of `debug-nan run` on a user's own training loop: the same script, plain and through `run`.
 
-    python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 5]
+    python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 16]
                                 [--repeats 5] [--accumulate 1] [--threads 1] [--json out.json]
 
 The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
@@ -8,7 +8,8 @@ download), which times its own optimizer steps after --warmup (start-up and the 
 the median ms per step. Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run -- python
 bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
 ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
-(CPU time: steadier on a shared machine).
+(CPU time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps
+measure every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--as-user", action="store_true", help=argparse.SUPPRESS)
     for name, default in (("hidden", 128), ("layers", 4), ("seq", 128), ("batch", 8), ("steps", 30),
-                          ("warmup", 5), ("accumulate", 1), ("threads", 1)):
+                          ("warmup", 16), ("accumulate", 1), ("threads", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None)
