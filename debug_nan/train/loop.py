@@ -196,9 +196,9 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         session = self.session
+        self.observer.begin_step(step)  # first: what the session logs as the step begins belongs under its header
         session.begin_step(step)
         record = session.record
-        self.observer.begin_step(step)
         self.optimizer.zero_grad(set_to_none=True)
         grad_norms = None
         for micro in range(1, self.accumulation_steps + 1):
