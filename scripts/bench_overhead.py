@@ -285,6 +285,8 @@ def split_watch(t: Trainer, batch, plain_s: float, repeats: int) -> dict[str, fl
         fn()
         return min(timed(fn) for _ in range(repeats))
 
+    w.measure_outputs = True  # (whatever the run's output schedule chose for its last step)
+
     def forward(hooked: bool):
         (w.attach if hooked else w.close)()
         t.compute_loss(data)

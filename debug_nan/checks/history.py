@@ -57,6 +57,7 @@ class NonfiniteSeries:
     held: set[str] = field(default_factory=set)  # "nan", "+inf", "-inf"
     runs: list[list[int]] = field(default_factory=list)  # [first, last] step ranges, in order
     steps: int = 0  # how many steps, also those past MAX_RUNS ranges
+    in_runs: int = 0  # how many of them the ranges hold (a range can span steps whose outputs were not measured)
     last: int = 0
     harmed: list[int] = field(default_factory=list)  # steps in which harm followed (at most MAX_RUNS)
 
@@ -71,6 +72,9 @@ class NonfiniteSeries:
             self.runs[-1][1] = step
         elif len(self.runs) < MAX_RUNS:
             self.runs.append([step, step])
+        else:
+            return
+        self.in_runs += 1
 
     def describe_steps(self, first: int, last: int, checked: int | None = None) -> str:
         """`first`..`last`: the steps checked; `checked`: how many of them (fewer than all: module outputs measured
@@ -82,8 +86,7 @@ class NonfiniteSeries:
                 return f"in every step whose outputs were measured ({checked} of steps {first}..{last})"
             return f"in every step ({first}..{last})" if last > first else f"in step {first}"
         shown = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in self.runs)
-        covered = sum(b - a + 1 for a, b in self.runs)
-        more = f", and {self.steps - covered} later step(s) up to {self.last}" if self.steps > covered else ""
+        more = f", and {self.steps - self.in_runs} later step(s) up to {self.last}" if self.steps > self.in_runs else ""
         measured = f" ({self.steps} of the {checked} steps whose outputs were measured)" if strided else ""
         return f"in step{'s' if self.steps > 1 else ''} {shown}{more}{measured}"
 

@@ -72,7 +72,8 @@ class Watch:
         self.enabled = True
         self._measure = True  # module outputs measured this step (see measure_outputs)
         self._wanted = False  # attach() was called and close() was not: the hooks are registered when measuring
-        self.hook_seconds = 0.0  # time spent measuring module outputs (what the output schedule weighs)
+        self.hook_seconds, self.hook_calls = 0.0, 0  # time in the forward hooks, and their calls (what measuring
+        # module outputs costs: the session's output schedule weighs it)
         self.exact_grad_norms = False  # True: torch's own norms, bit for bit (the Trainer's clipping reuses them)
         self._detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._handles: list = []
@@ -93,7 +94,7 @@ class Watch:
         """Full statistics of every module's output (each a host sync): every module is hooked then."""
         self._unregister()
         self._detailed = on
-        if self._wanted:
+        if self._wanted and (self._measure or on):
             self._register()
 
     @property
@@ -158,6 +159,7 @@ class Watch:
         if not self.enabled:
             return
         started = time.perf_counter()
+        self.hook_calls += 1
         # the common case, a single tensor, without a generic walk of the output
         t = output if type(output) is torch.Tensor else _first_float(output)
         if t is None or not t.is_floating_point() or t.numel() == 0:

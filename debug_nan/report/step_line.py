@@ -88,8 +88,8 @@ def step_lines(record: StepRecord, max_grad_norm: float | None) -> list[tuple[st
         out.append(("  [acts]  module outputs not measured in this step (they are measured on a stride; they never "
                     "trip)", None))
     if record.scaler_skipped:
-        out.append(("  [ok] module outputs and loss finite; gradients overflowed the fp16 loss scale (step skipped)",
-                    None))
+        outputs = "module outputs and loss" if record.outputs_measured else "loss"
+        out.append((f"  [ok] {outputs} finite; gradients overflowed the fp16 loss scale (step skipped)", None))
     else:
         out.append(("  [ok] the loss and every gradient are finite", "green"))
     return out

@@ -36,7 +36,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
 from debug_nan.train.copies import StateCopies
 from debug_nan.train.outcome import MicroOutcome
-from debug_nan.train.output_schedule import OutputSchedule
+from debug_nan.train.output_schedule import HOOK_CALL_SECONDS, OutputSchedule
 from debug_nan.train.precision import unscaled
 from debug_nan.train.repro import repro_state
 from debug_nan.train.unreplayed import interrupted_pinpoint, unreplayed_finding
@@ -95,8 +95,8 @@ class StepSession:
         self._read_update()  # the last update, as this step finds the state
         self._trip_target = None
         self.inputs = self.copies.begin(self.steps)  # (the buffers staged as the forward finds them)
-        measure = self.outputs.begin(self.steps)
-        self.watch.measure_outputs, self.watch.hook_seconds = measure, 0.0
+        measure = self.outputs.begin()
+        self.watch.measure_outputs, self.watch.hook_seconds, self.watch.hook_calls = measure, 0.0, 0
         self.record = self.history.begin(self.steps, outputs_measured=measure or self.watch.detailed)
         self.record.lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else None
         self.micro = 0
@@ -163,7 +163,9 @@ class StepSession:
         self._unread_update = True
         self.previous = self.inputs
         self.copies.stepped()
-        self.outputs.stepped(self.watch.hook_seconds)
+        if not self.watch.detailed:  # (--trace-every-step measures every step, and its per-layer syncs are not
+            # what measuring outputs costs otherwise)
+            self.outputs.stepped(self.watch.hook_seconds + HOOK_CALL_SECONDS * self.watch.hook_calls)
 
     def _read_update(self) -> None:
         if self._unread_update:

@@ -279,6 +279,8 @@ def test_a_step_that_leaves_module_outputs_out_registers_no_hook():
     watch.measure_outputs = False
     watch.detailed = True  # --trace-every-step hooks every module, every step
     assert hooked() == 4
+    watch.detailed = False  # back to this step's schedule: nothing measured
+    assert hooked() == 0
     watch.close()
     watch.measure_outputs = True
     assert hooked() == 0  # closed stays closed

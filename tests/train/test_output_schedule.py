@@ -24,7 +24,7 @@ def run_steps(schedule: OutputSchedule, clock: FakeClock, steps: range, step_s: 
     measured), the optimizer step -> the steps measured."""
     measured = []
     for step in steps:
-        on = schedule.begin(step)
+        on = schedule.begin()
         clock.now += step_s
         schedule.stepped(hooks_s if on else 0.0)
         if on:
@@ -46,8 +46,15 @@ def test_adaptive_measures_every_warm_step_then_keeps_the_cost_under_half_a_perc
     measured = run_steps(s, clock, range(1, 41), step_s=0.1, hooks_s=0.0018)
     assert measured == list(range(1, WARM_STEPS + 1)) + [20, 24, 28, 32, 36, 40]
     assert s.every == 4
-    assert len(lines) == 1 and "1.8% of a step" in lines[0] and "from step 17" in lines[0] \
-        and "every 4 steps" in lines[0]
+    assert len(lines) == 1 and "1.8% of a step" in lines[0] and "every 4 steps" in lines[0]
+
+
+def test_the_adaptive_stride_is_a_power_of_two_and_counts_the_runs_own_steps(clock):
+    """A resumed run (steps 5001..) measures its own first 16 steps; 2.6% of a step needs every 6th: every 8th."""
+    s = OutputSchedule(None, adaptive=True)
+    measured = run_steps(s, clock, range(5001, 5041), step_s=0.1, hooks_s=0.0026)
+    assert s.every == 8
+    assert measured == list(range(5001, 5017)) + [5024, 5032, 5040]
 
 
 def test_adaptive_stays_on_every_step_when_measuring_is_cheap(clock):
@@ -107,3 +114,21 @@ def test_zero_is_chosen_and_a_negative_stride_is_refused(clock):
     assert OutputSchedule(0, adaptive=True).adaptive
     with pytest.raises(ValueError, match="outputs_every=-2"):
         OutputSchedule(-2, adaptive=True)
+
+
+def test_a_note_counts_the_later_steps_beyond_its_ranges_in_measured_steps():
+    """Outputs measured every 4th step, a mask held in each, then broken up: the ranges stop at MAX_RUNS and the
+    rest are counted as steps, not as the step numbers they span."""
+    from debug_nan.checks.history import MAX_RUNS, NonfiniteSeries
+
+    series, previous = NonfiniteSeries("output", "attn"), None
+    measured = list(range(4, 4 * 99 + 1, 4))  # 99 measured steps
+    held = [step for i, step in enumerate(measured) if i % 3 != 2]  # two measured steps held, one not: 33 ranges
+    for step in measured:
+        if step in held:
+            series.add(step, "-inf", previous)
+        previous = step
+    assert series.runs[0] == [4, 8] and len(series.runs) == MAX_RUNS  # a range spans an unmeasured step number
+    text = series.describe_steps(measured[0], measured[-1], len(measured))
+    assert f"and {len(held) - 2 * MAX_RUNS} later step(s) up to {held[-1]}" in text
+    assert f"({len(held)} of the {len(measured)} steps whose outputs were measured)" in text
