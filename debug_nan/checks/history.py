@@ -194,9 +194,9 @@ class History:
             return []
         first, last = self.steps[0].step, self.steps[-1].step
         quiet, harmed = [], []
+        m = self.measured
         for series in self.nonfinite.values():
             held = " and ".join(k for k in ("nan", "+inf", "-inf") if k in series.held)
-            m = self.measured
             span = (m.first, m.last, m.count) if series.where == "output" and m.count else (first, last)
             line = (f"`{series.name or '<model>'}` {series.where} holds {held.replace('nan', 'NaN')} "
                     f"{series.describe_steps(*span)}")

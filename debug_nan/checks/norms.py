@@ -29,7 +29,7 @@ def l2_norms(tensors: list[torch.Tensor], exact: bool = True) -> list[torch.Tens
                      lambda ts: torch._foreach_norm(ts))
 
 
-def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | None = None) -> list[torch.Tensor]:
+def state_sums(tensors: list[torch.Tensor], plan: list[int] | None = None) -> list[torch.Tensor]:
     """One 0-d value per tensor that is non-finite when an element is: the parameters and optimizer state after an
     update (finiteness, and the reading a re-run is checked against: checks/catch_up.py). On the CPU each tensor of BIG
     elements or more is summed alone: CPU `_foreach_norm` loops over the list on ONE thread, a sum uses them all
@@ -37,7 +37,7 @@ def state_sums(tensors: list[torch.Tensor], plan: tuple[list[int], list[int]] | 
     tensor on a GPU (one fused kernel there), go through l2_norms. A sum can overflow with finite elements (as a
     norm can): the watch's second look settles any non-finite value. `plan`: sum_plan(tensors), kept by a caller
     that checks the same list every step."""
-    big, _ = plan or sum_plan(tensors)
+    big = sum_plan(tensors) if plan is None else plan
     if not big:
         return l2_norms(tensors)
     return _by_index(tensors, big, lambda ts: [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16)
@@ -56,11 +56,9 @@ def _by_index(tensors: list, chosen: list[int], first, rest) -> list:
     return out
 
 
-def sum_plan(tensors: list[torch.Tensor]) -> tuple[list[int], list[int]]:
-    """(indices state_sums sums, indices it takes the norm of)."""
-    big = [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.numel() >= BIG]
-    chosen = set(big)
-    return big, [i for i in range(len(tensors)) if i not in chosen]
+def sum_plan(tensors: list[torch.Tensor]) -> list[int]:
+    """The indices state_sums sums (it takes the norm of the others)."""
+    return [i for i, t in enumerate(tensors) if t.device.type == "cpu" and t.numel() >= BIG]
 
 
 def param_and_state_tensors(named_params, optimizer) -> list[tuple[str, torch.Tensor]]:

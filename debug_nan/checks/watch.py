@@ -79,7 +79,7 @@ class Watch:
         self._handles: list = []
         self._state_key: list[int] | None = None
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
-        self._sum_plan: tuple[list[int], list[int]] = ([], [])
+        self._sum_plan: list[int] = []
         self.buffers = BufferWatch(model)  # which buffers went non-finite (read in the same one sync)
         self._anchor = next(model.parameters(), None)
         self.discard()

@@ -61,11 +61,12 @@ class OutputSchedule:
                      f"gradients, parameters, optimizer state and buffers are still checked in every micro-batch)")
         return self._measuring
 
-    def stepped(self, cost_seconds: float) -> None:
-        """The step took its optimizer step; `cost_seconds`: what measuring its outputs cost (watch.output_cost)."""
+    def stepped(self, hook_seconds: float, hook_calls: int) -> None:
+        """The step took its optimizer step; `hook_seconds`, `hook_calls`: the time in the watch's forward hooks
+        and their calls (Watch.hook_seconds / hook_calls)."""
         if not (self.adaptive and self._measuring and self._began is not None):
             return
-        self._spent += cost_seconds
+        self._spent += hook_seconds + HOOK_CALL_SECONDS * hook_calls
         self._stepped += time.perf_counter() - self._began
         self._began = None
         needed = max(1, math.ceil(self._spent / self._stepped / OUTPUT_SHARE))

@@ -36,7 +36,7 @@ from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
 from debug_nan.train.copies import StateCopies
 from debug_nan.train.outcome import MicroOutcome
-from debug_nan.train.output_schedule import HOOK_CALL_SECONDS, OutputSchedule
+from debug_nan.train.output_schedule import OutputSchedule
 from debug_nan.train.precision import unscaled
 from debug_nan.train.repro import repro_state
 from debug_nan.train.unreplayed import interrupted_pinpoint, unreplayed_finding
@@ -165,7 +165,7 @@ class StepSession:
         self.copies.stepped()
         if not self.watch.detailed:  # (--trace-every-step measures every step, and its per-layer syncs are not
             # what measuring outputs costs otherwise)
-            self.outputs.stepped(self.watch.hook_seconds + HOOK_CALL_SECONDS * self.watch.hook_calls)
+            self.outputs.stepped(self.watch.hook_seconds, self.watch.hook_calls)
 
     def _read_update(self) -> None:
         if self._unread_update:
