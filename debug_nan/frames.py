@@ -15,6 +15,7 @@ import importlib.util
 import linecache
 import os
 import sys
+from contextlib import contextmanager
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
@@ -74,19 +75,53 @@ def pick_frame(files_innermost_first) -> int | None:
     return fallback
 
 
+_replayed_at: tuple[str, int] | None = None  # see replayed_at
+
+
+@contextmanager
+def replayed_at(location: tuple[str, int] | None):
+    """While a replay calls again a call the user's code made in the run (launch/tape.py), (filename, lineno) of
+    that call stands for the user frame the replay's stack does not have."""
+    global _replayed_at
+    before, _replayed_at = _replayed_at, location
+    try:
+        yield
+    finally:
+        _replayed_at = before
+
+
+def replayed_source() -> str | None:
+    """"file.py:57" of the call being replayed (replayed_at), else None."""
+    return None if _replayed_at is None else f"{short_path(_replayed_at[0])}:{_replayed_at[1]}"
+
+
+def user_location(depth: int = 1) -> tuple[str, int] | None:
+    """(filename, lineno) of the innermost user frame of the running code, else None (cheap: no source read)."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        if frame_kind(frame.f_code.co_filename) == "user":
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
 def user_frame(depth: int = 1) -> tuple[str | None, str | None]:
-    """("file.py:57", code) of the running code's frame to show (see pick_frame), else (None, None)."""
+    """("file.py:57", code) of the running code's frame to show (see pick_frame), else (None, None). Where the
+    stack holds no user frame and a replay is calling recorded user code, the line that made the call in the run."""
     frames = []
     frame = sys._getframe(depth)
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
     i = pick_frame(f.f_code.co_filename for f in frames)
-    if i is None:
+    if _replayed_at is not None and (i is None or frame_kind(frames[i].f_code.co_filename) != "user"):
+        filename, lineno = _replayed_at
+    elif i is None:
         return None, None
-    chosen = frames[i]
-    code = linecache.getline(chosen.f_code.co_filename, chosen.f_lineno).strip() or None
-    return f"{short_path(chosen.f_code.co_filename)}:{chosen.f_lineno}", code
+    else:
+        filename, lineno = frames[i].f_code.co_filename, frames[i].f_lineno
+    code = linecache.getline(filename, lineno).strip() or None
+    return f"{short_path(filename)}:{lineno}", code
 
 
 def source_from_stack_lines(lines: list[str]) -> str | None:

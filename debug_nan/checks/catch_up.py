@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from debug_nan.checks.driver import StepDriver, StepInputs
+from debug_nan.checks.driver import NotReplayable, StepDriver, StepInputs
 from debug_nan.checks.snapshot import put_groups, restore_rng
 from debug_nan.checks.stats import move_to
 
@@ -47,16 +47,19 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | 
     scheduler = snapshot.scheduler
     snapshot.restore()
     with d.watch_paused():
-        for inputs in chain[:-1]:
-            _apply(inputs.hyper, d.optimizer, scheduler)
-            for i, batch in enumerate(inputs.batches):
-                restore_rng(inputs.rng[i], d.device)
-                loss, _ = d.replay_loss(move_to(batch, d.device, copy=True))
-                d.backward(loss)
-            d.average_gradients()
-            d.optimizer_step()
-            if d.optimizer is not None:
-                d.optimizer.zero_grad(set_to_none=True)
+        try:
+            for inputs in chain[:-1]:
+                _apply(inputs.hyper, d.optimizer, scheduler)
+                for i, batch in enumerate(inputs.batches):
+                    restore_rng(inputs.rng[i], d.device)
+                    loss, _ = d.replay_loss(move_to(batch, d.device, copy=True), inputs.tape(i))
+                    d.backward(loss)
+                d.average_gradients()
+                d.optimizer_step(inputs.update)
+                if d.optimizer is not None:
+                    d.optimizer.zero_grad(set_to_none=True)
+        except NotReplayable as why:
+            return f"the steps since the copy taken at step {chain[0].step} cannot be re-run: {why}"
         _apply(target.hyper, d.optimizer, scheduler)
     names, values = fingerprint()
     want_names, want = target.fingerprint

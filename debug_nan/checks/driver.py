@@ -21,6 +21,11 @@ class TaskFailure(Exception):
     """User code raised mid-step and the replay found no non-finite value behind it."""
 
 
+class NotReplayable(Exception):
+    """The driver cannot replay this micro-batch (or update) exactly; the message says why, in words. The watch's
+    finding then stands, without the op."""
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
@@ -39,6 +44,13 @@ class StepInputs:
     snapshot: Snapshot | None = None
     hyper: dict | None = None  # the param groups' settings and the scheduler's state as the step began
     fingerprint: tuple | None = None  # (names, values): the watch's reading of the state as the step began
+    tapes: list = field(default_factory=list)  # per micro-batch, what a driver that cannot call the loss code
+    # again recorded of it (`debug-nan run`: launch/tape.py); empty for the others
+    update: object | None = None  # ... and of the code between the last backward and the optimizer step
+
+    def tape(self, index: int):
+        """The recorded code of micro-batch `index` (0-based), or None."""
+        return self.tapes[index] if index < len(self.tapes) else None
 
 
 @runtime_checkable
@@ -53,16 +65,17 @@ class StepDriver(Protocol):
     def log(self, line: str = "", colour: str | None = None) -> None:
         """One line of the text log."""
 
-    def replay_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def replay_loss(self, batch, tape=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The task's loss on the bare module (no DDP collectives: one rank replays alone), as the run computes
-        it (autocast included) -> (scalar loss, other logged scalars)."""
+        it (autocast included) -> (scalar loss, other logged scalars). `tape`: StepInputs.tape() of this
+        micro-batch, for a driver that replays recorded code."""
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         """Backward of loss / accumulation_steps, times the fp16 loss scale when `scaled` (as in the run)."""
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, tape=None) -> None:
         """The optimizer step exactly as the run takes it, from accumulated gradients: unscale (fp16), clip,
-        step, schedule."""
+        step, schedule. `tape`: StepInputs.update, for a driver that replays recorded code."""
 
     def average_gradients(self) -> None:
         """Under DDP, average the gradients across the ranks as the run does (every rank takes part);

@@ -18,8 +18,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from debug_nan.frames import replayed_source
+
 TAG = "debug_nan_module"
 ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
+SOURCE_TAG = "debug_nan_source"  # the user line of a replayed recorded call (frames.replayed_at) that made it
 
 
 class ModuleContext:
@@ -76,13 +79,13 @@ class ModuleContext:
         if not torch.is_grad_enabled() or torch._C._current_autograd_node() is not None:
             return None
         bases = [t._base for t in written if t._base is not None]  # an in-place op on a view rebases its base
-        entry = [outs + bases, self.current(), None]
+        entry = [outs + bases, self.current(), None, replayed_source()]
         self._pending.append(entry)
         return entry
 
     def tag_pending(self) -> None:
         pending, self._pending = self._pending, []
-        for tensors, module, origin in pending:
+        for tensors, module, origin, source in pending:
             for t in tensors:
                 node = t.grad_fn
                 if node is None:
@@ -90,6 +93,8 @@ class ModuleContext:
                 meta = node.metadata
                 if TAG not in meta:
                     meta[TAG] = module
+                if source is not None and SOURCE_TAG not in meta:
+                    meta[SOURCE_TAG] = source
                 if origin is not None and ORIGIN_TAG not in meta:
                     meta[ORIGIN_TAG] = origin.id
 

@@ -20,7 +20,7 @@ import torch
 
 from debug_nan.checks.buffer_writers import BufferWriters, Written
 from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.driver import StepDriver, StepInputs, TaskFailure, is_out_of_memory
+from debug_nan.checks.driver import NotReplayable, StepDriver, StepInputs, TaskFailure, is_out_of_memory
 from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
@@ -54,7 +54,7 @@ class Pinpointer:
         inputs.snapshot.restore()
         for i in range(count):
             restore_rng(inputs.rng[i], d.device)
-            loss, _ = d.replay_loss(self._batch(inputs, i))
+            loss, _ = d.replay_loss(self._batch(inputs, i), inputs.tape(i))
             d.backward(loss, scaled=scaled)
 
     def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
@@ -86,18 +86,18 @@ class Pinpointer:
                         self._hyper = read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
-                        d.optimizer_step()
+                        d.optimizer_step(inputs.update)
                         harmed = [t for _, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer)]
                     else:
                         for path, t in flat_tensors(batch):
                             tracer.mark(t, path, "data")
-                        loss, parts = d.replay_loss(batch)
+                        loss, parts = d.replay_loss(batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
                         if tracer.origin_of(harmed) is None:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
                             harmed = [p.grad for p in d.model.parameters() if p.grad is not None]
                 except Exception as e:  # the same exception as in the run, usually
-                    if is_out_of_memory(e):
+                    if is_out_of_memory(e) or isinstance(e, NotReplayable):
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
@@ -133,14 +133,14 @@ class Pinpointer:
             with d.watch_paused():
                 for i in range(micro - 1):  # the buffers as the earlier micro-batches left them (forward only)
                     restore_rng(inputs.rng[i], d.device)
-                    d.replay_loss(self._batch(inputs, i))
+                    d.replay_loss(self._batch(inputs, i), inputs.tape(i))
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
                 with Tracer(d.model, poisoned=self.writers.names) as tracer:
                     for path, t in flat_tensors(batch):
                         tracer.mark(t, path, "data")
                     try:
-                        d.replay_loss(batch)
+                        d.replay_loss(batch, inputs.tape(micro - 1))
                     except Exception as exc:  # noqa: BLE001 - the run's own micro-batch raised nothing
                         if is_out_of_memory(exc):
                             raise
@@ -201,6 +201,8 @@ class Pinpointer:
             f"tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
         try:
             tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
+        except NotReplayable as why:
+            return self._not_replayable(inputs, micro, check, error, why)
         except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
             if not is_out_of_memory(exc):
                 raise
@@ -277,6 +279,18 @@ class Pinpointer:
         else:
             finding = self.event_finding(step, index, origin, raw, check, error)
         return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
+
+    def _not_replayable(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
+                        why: NotReplayable) -> Finding:
+        """The driver could not replay the micro-batch exactly: the watch's finding stands, with the reason."""
+        inputs.snapshot.restore()
+        what = f"the micro-batch could not be replayed in place: {why}."
+        self.driver.log(f"  [pinpoint] {what[0].upper()}{what[1:]} The op is not named.", "yellow")
+        if check is None:
+            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}; {what} "
+                              f"Whether a NaN/Inf came before the exception is unknown.")
+        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model,
+                                  why=f"{what} So the op is not named.")
 
     def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                        exc: BaseException) -> Finding:

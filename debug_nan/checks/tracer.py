@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
                                      named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf,
                                      split_foreach)
-from debug_nan.checks.module_context import ORIGIN_TAG, TAG, ModuleContext
+from debug_nan.checks.module_context import ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.frames import source_from_stack_lines, user_frame
@@ -44,8 +44,11 @@ LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
 
 
 def forward_source_of(node) -> str | None:
-    """The user line that created an autograd node, from anomaly mode's stored traceback."""
-    return source_from_stack_lines(node.metadata.get("traceback_")) if node is not None else None
+    """The user line that created an autograd node, from anomaly mode's stored traceback (or, for a replayed
+    recorded call, the line that made it in the run)."""
+    if node is None:
+        return None
+    return source_from_stack_lines(node.metadata.get("traceback_")) or node.metadata.get(SOURCE_TAG)
 
 
 class StopReplay(Exception):

@@ -10,9 +10,11 @@ What they see, and how a run is cut into steps and micro-batches:
     calls): a micro-batch is a backward call;
   * a step closes when the optimizer steps (torch's global optimizer step post-hook), or when a GradScaler skips
     it (its update() with no step since the last one).
-The listener (the watch in the user's run, the tracer in its re-execution) gets those events with the step
-(1-based: optimizer steps taken + 1) and the micro-batch within it (1-based). Nothing here touches a tensor's
-values: the hot path is one Python check per module call and per backward.
+The listener (the watch) gets those events with the step (1-based: optimizer steps taken + 1) and the micro-batch
+within it (1-based), and the tapes (launch/tape.py) of the script's own code: a micro-batch's, from its first forward
+to its backward, and the update's, from the last backward to the optimizer step. Nothing here reads a tensor's
+values: the hot path is one Python check per model call and per backward, and a recorded call per torch call made
+outside the model's forward and the optimizer step.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from contextlib import contextmanager
+
 from debug_nan.errors import InputError
+from debug_nan.launch.tape import MODEL, Recorder, Tape, batch_form
 
 
 class RunStopped(BaseException):
     """Ends the user's script from inside a hook: a BaseException, so `try/except Exception` in the script does
-    not swallow it. `reason`: "trip", "max-steps", "traced" (the re-execution is done), "error"."""
+    not swallow it. `reason`: "trip", "max-steps", "error"."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -41,9 +46,9 @@ class RunStopped(BaseException):
 class Listener(Protocol):
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
     def micro_begin(self, batch, step: int, micro: int) -> None: ...
-    def backward_begin(self, loss: torch.Tensor, step: int, micro: int) -> None: ...
+    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None: ...
     def backward_end(self, step: int, micro: int) -> None: ...
-    def step_begin(self, step: int) -> None: ...
+    def step_begin(self, step: int, update: Tape | None) -> None: ...
     def step_end(self, step: int, skipped: bool) -> None: ...
 
 
@@ -94,6 +99,9 @@ class Hooks:
         self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
         self.scaler = None
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
+        self.recorder = Recorder()  # the tapes of the script's own code (launch/tape.py)
+        self.is_paused = False  # a replay runs: its forwards, backwards and steps are not the run's
+        self._calls: list = []  # per model call under way: its tape entry (or None)
         self._handles: list = []
         self._patched: list[tuple[object, str, object]] = []
 
@@ -130,8 +138,10 @@ class Hooks:
         self._patch(torch.amp.GradScaler, "update", scaler_update)
         self._handles += [register_optimizer_step_pre_hook(self.step_pre),
                           register_optimizer_step_post_hook(self.step_post)]
+        self.recorder.install()
 
     def uninstall(self) -> None:
+        self.recorder.uninstall()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -145,10 +155,46 @@ class Hooks:
             self.other_optimizers.append(weakref.ref(optimizer))
             return
         for module in owners(optimizer):
-            self._handles.append(module.register_forward_pre_hook(self.forward_pre, with_kwargs=True))
+            self._handles += [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
+                              module.register_forward_hook(self.forward_post, with_kwargs=True, always_call=True)]
         self.other_optimizers.append(weakref.ref(optimizer))
 
+    @contextmanager
+    def paused(self):
+        """A replay in this process: no event is the run's, and nothing is recorded."""
+        was, tape = self.is_paused, self.recorder.tape
+        self.is_paused, self.recorder.tape = True, None
+        try:
+            yield
+        finally:
+            self.is_paused, self.recorder.tape = was, tape
+
     def forward_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """A call of a module that owns the optimizer's parameters: the model's forward is no script code (the
+        recorder is off inside it); its first with gradients since the last backward opens a micro-batch."""
+        if self.is_paused:
+            return
+        nested = self.recorder.suspended
+        self.recorder.suspend()
+        self._calls.append(None)
+        if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
+            return
+        self._open_micro(module, args, kwargs)
+        tape = self.recorder.tape
+        if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
+            first = not tape.entries
+            self._calls[-1] = tape.model_call((), {}) if first else tape.model_call(args, kwargs)
+
+    def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+        if self.is_paused or not self._calls:
+            return
+        entry = self._calls.pop()
+        tape = self.recorder.tape
+        if entry is not None and tape is not None:
+            tape.returned(entry, output)
+        self.recorder.resume()
+
+    def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
         if self.root is None:
@@ -163,28 +209,33 @@ class Hooks:
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
             self.listener.attach(model, self.optimizer)
             if self.early_step is self.optimizer:  # its step began before the first forward (a closure)
-                self.listener.step_begin(self.step)
+                self.listener.step_begin(self.step, None)
         elif module is not self.root:
             return
         self.open = True
         self.micro += 1
+        self.recorder.tape = Tape(first_form=batch_form(args, kwargs))
         self.listener.micro_begin(batch_of(args, kwargs), self.step, self.micro)
 
     # -- backward ----------------------------------------------------------------------------------------------
     def backward(self, original, tensors, *args, **kwargs):
-        if not self.open or self.in_backward:
+        if not self.open or self.in_backward or self.is_paused:
             return original(tensors, *args, **kwargs)
+        tape, self.recorder.tape = self.recorder.tape, None
+        if tape is not None:
+            tape.close((tensors, *args), kwargs)
         loss = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:
             loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
         self.in_backward = True
         try:
-            self.listener.backward_begin(loss.detach(), self.step, self.micro)
+            self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
             result = original(tensors, *args, **kwargs)
         finally:
             self.in_backward = False
         self.open = False
+        self.recorder.tape = Tape()  # the update: what the script does to the gradients before the optimizer step
         self.listener.backward_end(self.step, self.micro)
         return result
 
@@ -201,12 +252,22 @@ class Hooks:
         return False
 
     def step_pre(self, optimizer, args, kwargs) -> None:
+        if self.is_paused:
+            return
+        update = None
         if self.optimizer is None:
             self.early_step = optimizer  # a closure may run the first forward inside this step
         elif self._mine(optimizer):
-            self.listener.step_begin(self.step)
+            update, self.recorder.tape = self.recorder.tape, None
+            if update is not None and (args or kwargs):
+                update.unreplayable = "the optimizer step was given a closure (LBFGS), which no replay can call"
+            self.listener.step_begin(self.step, update)
+        self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
 
     def step_post(self, optimizer, args, kwargs) -> None:
+        if self.is_paused:
+            return
+        self.recorder.resume()
         if self._mine(optimizer):
             self.stepped_since_update = True
             self._close_step(skipped=False)

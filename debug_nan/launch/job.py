@@ -2,9 +2,9 @@
 
 The command runs in this process (launch/command.py) with torch's global hooks (launch/hooks.py) driving the
 framework step protocol (launch/watcher.py). debug-nan's own lines go to stderr (and --log), so the script's
-stdout is byte for byte what it prints without debug-nan. On a trip the script is stopped and the command is
-re-executed under the op-level tracer (launch/reexec.py); the summary and the JSON report follow, exit 1. A clean
-run exits with the script's own code.
+stdout is byte for byte what it prints without debug-nan. On a trip the failing micro-batch (or update) is replayed
+in place, at once, from the run's own state at that step and the tape of the script's code (launch/tape.py); the
+script is stopped, the summary and the JSON report follow, exit 1. A clean run exits with the script's own code.
 """
 
 from __future__ import annotations
@@ -12,27 +12,24 @@ from __future__ import annotations
 import io
 import os
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 
 import torch
 
-from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
-from debug_nan.checks.vocabulary import adapt_advice
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
 from debug_nan.launch.hooks import Hooks, RunStopped
-from debug_nan.launch.ranks import Ranks, RanksUnanswered
-from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_rng
+from debug_nan.launch.ranks import Ranks
 from debug_nan.launch.watcher import RunMonitor
 from debug_nan.report import interrupts
 from debug_nan.report.log import Log, error_line
 from debug_nan.report.summary import exit_code
 from debug_nan.settings import RunSettings
 
-MECHANISM = "re-execution of the command (same random state, losses compared bit for bit)"
+MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
+             "around the model from its record")
 
 
 @dataclass
@@ -42,7 +39,7 @@ class RunOptions:
     max_steps: int | None = None
     explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
     explosion_growth: float = RunSettings.explosion_growth
-    deterministic: bool = False  # torch.use_deterministic_algorithms in the run and its re-execution
+    deterministic: bool = False  # torch.use_deterministic_algorithms in the run
 
 
 class Watching:
@@ -63,7 +60,7 @@ class Watching:
         except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
             self.hooks.failure = exc
             raise RunStopped("error") from None
-        self.monitor = RunMonitor(model, optimizer, settings, self.log, dist_ctx=ctx)
+        self.monitor = RunMonitor(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx)
         count = sum(p.numel() for p in model.parameters())
         self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
                  f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
@@ -77,15 +74,15 @@ class Watching:
             raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
         self.monitor.micro_begin(batch, step)
 
-    def backward_begin(self, loss, step: int, micro: int) -> None:
+    def backward_begin(self, loss, step: int, micro: int, tape) -> None:
         self.monitor.adopt_scaler(self.hooks.scaler)
-        self.monitor.backward_begin(loss)
+        self.monitor.backward_begin(loss, tape)
 
     def backward_end(self, step: int, micro: int) -> None:
         self.monitor.backward_end()
 
-    def step_begin(self, step: int) -> None:
-        pass
+    def step_begin(self, step: int, update) -> None:
+        self.monitor.step_begin(update)
 
     def step_end(self, step: int, skipped: bool) -> None:
         self.monitor.step_end(skipped)
@@ -123,7 +120,6 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     hooks = Hooks(None)
     watching = Watching(options, outputs, log, hooks, ranks)
     hooks.listener = watching
-    rng, cwd, started = start_rng(), os.getcwd(), time.monotonic()
     code, error, interrupted = 0, None, None
     hooks.install()
     was_deterministic = deterministic_algorithms(options.deterministic)
@@ -156,12 +152,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
     if error is not None and not m.stopped and hooks.open:
-        m.end(last=False, error=error)
+        m.raised(error)  # the micro-batch it raised in, replayed in place
     elif not m.stopped and interrupted is None and error is None:
         m.finish()
-    if m.pending is not None:
-        timeout_s = 120.0 + 3 * (time.monotonic() - started)  # the re-executed ranks' limit: never a hang
-        interrupted = _pinpoint(m, words, cwd, rng, log, options.deterministic, ranks, timeout_s) or interrupted
     if error is not None and not m.findings:
         _script_traceback(error)
         log(error_line(f"the command raised {describe_exception(error)}; the watch saw no NaN/Inf before it, so "
@@ -180,12 +173,22 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                    "exit_code_of_command": code}
     if ranks is not None:
         integration["world_size"] = ranks.world
-    together = error is None and interrupted is None and (m.pending is None or m.pending.first_ranks is not None)
+    together = error is None and interrupted is None
     if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
         log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
                               write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
     return final(result), together
+
+
+def deterministic_algorithms(on: bool) -> bool:
+    """--deterministic: torch.use_deterministic_algorithms (warn only where an op has no deterministic kernel),
+    with cuBLAS's workspace setting it needs. Returns the setting before."""
+    before = torch.are_deterministic_algorithms_enabled()
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return before
 
 
 class _RankMarked:
@@ -200,85 +203,3 @@ class _RankMarked:
 
     def flush(self) -> None:
         sys.stderr.flush()
-
-
-def _pinpoint(m: RunMonitor, words: list[str], cwd: str, rng: dict, log: Log, deterministic: bool,
-              ranks: Ranks | None = None, timeout_s: float | None = None) -> KeyboardInterrupt | None:
-    """The trip's finding, by re-executing the command under the tracer (under torchrun: every rank at once, and
-    the finding is the first rank's whose re-execution named the op). Returns the interrupt that stopped the
-    re-execution, if any (the watch's finding then stands, without the op)."""
-    trip = m.pending
-    check = trip.check
-    where = f"step {trip.step}, micro-batch {trip.micro}"
-    seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
-            else f"the command raised {describe_exception(trip.error)}" if trip.error is not None else "")
-    alone = ranks is not None and trip.first_ranks is None  # the script raised on this rank: not agreed on
-    if alone:
-        seen = f"on rank {ranks.rank} alone, {seen}"
-    elif ranks is not None:
-        seen = (f"rank(s) {trip.first_ranks} saw it first (phase {trip.phase}); rank {ranks.rank}: "
-                f"{seen or 'nothing non-finite of its own'}")
-    log(f"  [watch] TRIP at {where}: {seen}", "red")
-    lines: list[tuple[str, str | None]] = []  # what the pinpoint says, from the rank whose finding is reported
-    say = (lambda text, colour=None: lines.append((text, colour)))
-    interrupted, finding, error = None, None, None
-    if trip.phase == "data" or trip.phase is None and check is not None and check.kind == "data":
-        if check is not None and check.kind == "data":
-            finding = data_finding(trip.step, trip.micro, trip.batch, check)
-    elif alone:  # the others may wait in a collective (torchrun ends them once this rank exits)
-        finding, error = _answer_finding(m, trip, {"missing": (
-            "the script raised on this rank alone, and a DDP script cannot be re-executed on one rank (its "
-            "collectives would wait for the others): no op is named")}, say, True)
-    else:
-        phase = "its optimizer step" if trip.optimizer else "forward, loss, backward"
-        log(f"  [pinpoint] mechanism: {MECHANISM}. Re-running the command{' on every rank' if ranks else ''} "
-            f"with the op-level tracer on at {where} ({phase})...")
-        trace = ranks is None or ranks.rank in trip.first_ranks
-        try:
-            answer = reexecute(words, cwd, trip, m.history.losses, rng, deterministic, ranks, trace, timeout_s)
-        except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: the trip the watch saw still stands
-            interrupted = exc
-            answer = {"missing": f"the re-execution was interrupted ({interrupts.interrupt_name(exc)}) before "
-                                 f"it named the op"}
-        finding, error = _answer_finding(m, trip, answer, say, trace)
-    if ranks is not None and trip.first_ranks is not None:
-        try:  # (another rank's re-execution may run up to its own limit after this one's ended)
-            finding, error, lines = ranks.agree_on_finding(trip.first_ranks, finding, error, lines,
-                                                           (timeout_s or 0.0) + 60.0)
-        except RanksUnanswered as exc:  # this rank's own pinpoint stands, said so
-            lines.append((f"  [ddp] {exc}: this rank's own pinpoint is reported", "yellow"))
-            if finding is not None:
-                finding.rank, finding.first_ranks = ranks.rank, trip.first_ranks
-    elif ranks is not None and finding is not None:
-        finding.rank, finding.first_ranks = ranks.rank, [ranks.rank]
-    for text, colour in lines:
-        log(text, colour)
-    if error is not None:
-        m.error = error
-    if finding is not None:
-        m.findings.append(adapt_advice(finding, m.dialect))  # the advice in a script author's words, not flags
-    return interrupted
-
-
-def _answer_finding(m: RunMonitor, trip, answer: dict, say, trace: bool) -> tuple[Finding | None, str | None]:
-    """The re-execution's answer -> (the finding, or the error that stands instead), what it says in `say`."""
-    check = trip.check
-    if "finding" in answer:
-        say(f"  [pinpoint] {answer['ops']} ops traced, {answer['origins']} non-finite origin(s); the earliest in "
-            f"the lineage of the harmed value is the finding.")
-        return Finding(**answer["finding"]), None
-    if "error" in answer:
-        say(f"  [pinpoint] {answer['error']}", "yellow")
-        return None, answer["error"]
-    if not trace and "diverged" not in answer and "missing" not in answer:
-        return None, None  # under torchrun, a rank that only took part in the collectives
-    why = answer.get("diverged") or answer.get("missing")
-    if "diverged" in answer:
-        why = (f"the command is not deterministic: {why}. So the re-execution is not the run, and its origin "
-               f"would not be this run's: only the watch's finding is reported. Seed everything (torch, "
-               f"numpy, random, the data order) and set PYTHONHASHSEED to have the op named; on a GPU, add "
-               f"--deterministic (torch.use_deterministic_algorithms in both runs).")
-    say(f"  [pinpoint] {why}", "yellow")
-    if check is not None:
-        return watch_only_finding(trip.step, trip.micro, trip.batch, check, m.model, why=why), None
-    return None, describe_exception(trip.error) if trip.error is not None else None
