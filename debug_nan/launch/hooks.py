@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from contextlib import contextmanager
 
 from debug_nan.errors import InputError
+from debug_nan.frames import user_location
 from debug_nan.launch.tape import MODEL, Recorder, Tape, batch_form
 
 
@@ -94,7 +95,6 @@ class Hooks:
         self.step, self.micro = 1, 0
         self.open = False  # a micro-batch's forward has begun and its backward not yet ended
         self.stepped_since_update = False
-        self.early_step = None  # an optimizer whose step began before any root forward
         self.in_backward = False
         self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
         self.scaler = None
@@ -102,6 +102,7 @@ class Hooks:
         self.recorder = Recorder()  # the tapes of the script's own code (launch/tape.py)
         self.is_paused = False  # a replay runs: its forwards, backwards and steps are not the run's
         self._calls: list = []  # per model call under way: its tape entry (or None)
+        self._in_step = False  # inside an optimizer's own math (the recorder is off)
         self._handles: list = []
         self._patched: list[tuple[object, str, object]] = []
 
@@ -174,7 +175,7 @@ class Hooks:
         recorder is off inside it); its first with gradients since the last backward opens a micro-batch."""
         if self.is_paused:
             return
-        nested = self.recorder.suspended
+        nested = bool(self._calls)
         self.recorder.suspend()
         self._calls.append(None)
         if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
@@ -208,8 +209,6 @@ class Hooks:
             self.root, self.optimizer = module, mine[-1]
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
             self.listener.attach(model, self.optimizer)
-            if self.early_step is self.optimizer:  # its step began before the first forward (a closure)
-                self.listener.step_begin(self.step, None)
         elif module is not self.root:
             return
         self.open = True
@@ -235,7 +234,7 @@ class Hooks:
         finally:
             self.in_backward = False
         self.open = False
-        self.recorder.tape = Tape()  # the update: what the script does to the gradients before the optimizer step
+        self.recorder.tape = Tape(previous=tape)  # the update: what the script does before the optimizer step
         self.listener.backward_end(self.step, self.micro)
         return result
 
@@ -251,23 +250,47 @@ class Hooks:
             raise RunStopped("error")
         return False
 
-    def step_pre(self, optimizer, args, kwargs) -> None:
+    def step_pre(self, optimizer, args, kwargs):
+        """Before an optimizer step: the update's tape ends here, and the optimizer's own ops are not the script's
+        code (the recorder is off). A closure (Lightning's way) runs the micro-batch inside the step: it is wrapped
+        so that the update's tape ends when it returns, before the optimizer's own math."""
         if self.is_paused:
+            return None
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0] is the optimizer itself)
+        if closure is None:
+            self._end_update(optimizer)
+            return None
+        hooks = self
+
+        def after_closure(*a, **k):
+            result = closure(*a, **k)
+            if not hooks.is_paused:
+                hooks._end_update(optimizer, closure_calls=True)
+            return result
+
+        if len(args) > 1:
+            return (args[0], after_closure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": after_closure}
+
+    def _end_update(self, optimizer, closure_calls: bool = False) -> None:
+        if self._in_step:  # (LBFGS calls its closure again: the step's tape was handed on already)
             return
-        update = None
-        if self.optimizer is None:
-            self.early_step = optimizer  # a closure may run the first forward inside this step
-        elif self._mine(optimizer):
+        if self.optimizer is not None and self._mine(optimizer):
             update, self.recorder.tape = self.recorder.tape, None
-            if update is not None and (args or kwargs):
-                update.unreplayable = "the optimizer step was given a closure (LBFGS), which no replay can call"
+            if update is not None:
+                update.step_location = user_location(2)  # the script's `optimizer.step()` line
+            if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
+                update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
             self.listener.step_begin(self.step, update)
         self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
+        self._in_step = True
 
     def step_post(self, optimizer, args, kwargs) -> None:
         if self.is_paused:
             return
-        self.recorder.resume()
+        if self._in_step:
+            self.recorder.resume()
+            self._in_step = False
         if self._mine(optimizer):
             self.stepped_since_update = True
             self._close_step(skipped=False)

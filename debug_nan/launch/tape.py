@@ -58,6 +58,8 @@ class Tape:
     slots: int = 0
     backward: tuple | None = None  # (leaves, spec) of the backward() call that closed the micro-batch
     first_form: str | None = None  # how the first model call's arguments were given (see batch_form)
+    step_location: tuple | None = None  # an update's: (filename, lineno) of the script's optimizer.step() call
+    previous: Tape | None = None  # an update's: the micro-batch tape it follows (its values may be used here)
     unreplayable: str | None = None
     _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
     _external_of: dict = field(default_factory=dict)  # id(tensor) -> index in externals
@@ -104,6 +106,9 @@ class Tape:
             return ("s", known[0])
         if isinstance(x, nn.Parameter):
             return ("p", x)
+        before = self.previous._slot_of.get(id(x)) if self.previous is not None else None
+        if before is not None and before[1]() is x:  # the last micro-batch's loss, detached for logging
+            return ("m", before[0])
         index = self._external_of.get(id(x))
         if index is None or self.externals[index][0] is not x and self.externals[index][1] is not None:
             if x.grad_fn is not None and self.unreplayable is None:
@@ -117,11 +122,13 @@ class Tape:
         return ("x", index)
 
     # -- replay -------------------------------------------------------------------------------------------------
-    def replay(self, call_model, first_args: tuple, first_kwargs: dict) -> list:
+    def replay(self, call_model, first_args: tuple, first_kwargs: dict, previous: list | None = None) -> list:
         """Call every entry again; the first model call gets (first_args, first_kwargs) (the captured batch) ->
-        the slot values. Raises NotReplayable where the replay cannot follow the run."""
+        the slot values. `previous`: an update's, the replayed values of the micro-batch tape it follows. Raises
+        NotReplayable where the replay cannot follow the run."""
         if self.unreplayable is not None:
             raise NotReplayable(self.unreplayable)
+        self._previous_values = previous or []
         values: list = [None] * self.slots
         first = True
         for entry in self.entries:
@@ -160,6 +167,10 @@ class Tape:
                 if values[x] is None:
                     raise NotReplayable("a value the run computed was not made again by the replay")
                 out.append(values[x])
+            elif kind == "m":
+                if x >= len(self._previous_values) or self._previous_values[x] is None:
+                    raise NotReplayable("the update used a value of the last micro-batch that was not replayed")
+                out.append(self._previous_values[x])
             elif kind == "x":
                 tensor, version = self.externals[x]
                 if version is None:  # a clone: fresh for every replay (the replay may change it in place)

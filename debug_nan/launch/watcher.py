@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from debug_nan.checks.driver import NotReplayable
 from debug_nan.checks.history import History
+from debug_nan.frames import replayed_at
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import Hooks, RunStopped
 from debug_nan.launch.tape import Tape, call_arguments
@@ -78,6 +79,7 @@ class RunMonitor(FrameworkMonitor):
         self.eager = getattr(model, "_orig_mod", model)  # a torch.compile'd model is replayed eagerly
         self.step_open = False
         self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
+        self._values: list | None = None  # ... and its tape's values (an update may use them)
 
     def finish(self):
         """The last update's check. A script that destroyed its process group at its end cannot agree on it: the
@@ -98,7 +100,7 @@ class RunMonitor(FrameworkMonitor):
         if tape is None:
             raise NotReplayable("no record of the script's code for this micro-batch")
         args, kwargs = call_arguments(batch, tape.first_form)
-        values = tape.replay(self.eager, args, kwargs)
+        values = self._values = tape.replay(self.eager, args, kwargs)
         if tape.backward is None:  # the run raised in this micro-batch: it ends where the run's did
             raise _RaisedHere("the script raised here in the run")
         self._backward = tape.backward_args(values)
@@ -115,8 +117,9 @@ class RunMonitor(FrameworkMonitor):
         step."""
         if tape is None:
             raise NotReplayable("no record of the script's code before its optimizer step")
-        tape.replay(self.eager, (), {})
-        self.optimizer.step()
+        tape.replay(self.eager, (), {}, self._values)
+        with replayed_at(tape.step_location):
+            self.optimizer.step()
 
     @contextmanager
     def watch_paused(self):

@@ -17,13 +17,13 @@ class Recorder:
     def micro_begin(self, batch, step, micro):
         self.events.append(("micro", step, micro, tuple(batch.shape)))
 
-    def backward_begin(self, loss, step, micro):
+    def backward_begin(self, loss, step, micro, tape):
         self.events.append(("backward", step, micro))
 
     def backward_end(self, step, micro):
         pass
 
-    def step_begin(self, step):
+    def step_begin(self, step, update):
         self.events.append(("step_begin", step))
 
     def step_end(self, step, skipped):
@@ -73,8 +73,8 @@ def test_a_closure_runs_the_micro_batch_inside_the_optimizer_step(hooks):
         loss.backward()
         return loss
 
-    optimizer.step(closure)
-    assert events[1:] == [("step_begin", 1), ("micro", 1, 1, (2, 3)), ("backward", 1, 1), ("step_end", 1, False)]
+    optimizer.step(closure)  # (the step's update ends when the closure returns, before the optimizer's own math)
+    assert events[1:] == [("micro", 1, 1, (2, 3)), ("backward", 1, 1), ("step_begin", 1), ("step_end", 1, False)]
 
 
 def test_a_grad_scaler_skipped_step_ends_at_its_update(hooks):

@@ -1,5 +1,5 @@
-"""`debug-nan run`: a parameter that an optimizer step made non-finite is traced through that step in the
-re-execution, and named as `--task` names it (the source is the script's `optimizer.step()` line)."""
+"""`debug-nan run`: a parameter that an optimizer step made non-finite is traced through that step, replayed in
+place, and named as `--task` names it (the source is the script's `optimizer.step()` line)."""
 
 from pathlib import Path
 
@@ -25,7 +25,8 @@ def test_optimizer_phase_same_finding_as_the_task(tmp_path, run_here, run_cli):
     (tmp_path / "adam.py").write_text(ADAM)
     done, _, stderr = run_here("python", "adam.py")
     assert done.code == 1, done.output
-    assert "op-level tracer on at step 1, micro-batch 1 (its optimizer step)" in stderr
+    assert "replaying step 1 micro-batch 1 from the snapshot under the op-level tracer (forward, loss, backward, " \
+           "optimizer)" in stderr
     cli = run_cli("--task", f"{SCENARIOS}:adam_eps_zero", "--device", "cpu", "--max-steps", "4", "--no-bundle")
     assert cli.code == 1, cli.output
     fields = ("step", "micro_step", "phase", "module", "op", "cause", "kind")
