@@ -27,6 +27,7 @@ from debug_nan.report import interrupts
 from debug_nan.report.log import Log, error_line
 from debug_nan.report.summary import exit_code
 from debug_nan.settings import RunSettings
+from debug_nan.train.unreplayed import InterruptedPinpoint
 
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
@@ -131,6 +132,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                 f"steps.")
     except KeyboardInterrupt as exc:
         interrupted = exc
+        _keep_interrupted_finding(watching.monitor, exc)
     except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
         error = exc
     finally:
@@ -152,7 +154,11 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
     if error is not None and not m.stopped and hooks.open:
-        m.raised(error)  # the micro-batch it raised in, replayed in place
+        try:
+            m.raised(error)  # the micro-batch it raised in, replayed in place
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            _keep_interrupted_finding(m, exc)
     elif not m.stopped and interrupted is None and error is None:
         m.finish()
     if error is not None and not m.findings:
@@ -179,6 +185,13 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
                               write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
     return final(result), together
+
+
+def _keep_interrupted_finding(m: RunMonitor | None, exc: KeyboardInterrupt) -> None:
+    """Ctrl-C / SIGTERM during the in-place replay: the trip the watch saw stands, without the op."""
+    if m is not None and isinstance(exc, InterruptedPinpoint):
+        m.findings.append(exc.finding)
+        m.stopped = True
 
 
 def deterministic_algorithms(on: bool) -> bool:

@@ -233,7 +233,6 @@ class Recorder(TorchFunctionMode):
         self._pushed = True
 
     def uninstall(self) -> None:
-        self.tape = None
         if self._pushed and self._on_top():
             torch._C._pop_torch_function_stack()
         self._pushed = False

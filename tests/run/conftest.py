@@ -8,7 +8,7 @@ from tests.conftest import Run
 
 
 def pytest_collection_modifyitems(items):
-    """A test through `debug-nan run` (in this process, its re-execution a child) is end to end: `e2e`."""
+    """A test through `debug-nan run` (in this process) is end to end: `e2e`."""
     for item in items:
         if "run_here" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
@@ -16,8 +16,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture
 def run_here(tmp_path, monkeypatch):
-    """`debug-nan run --report R OPTIONS -- COMMAND` in this process, in tmp_path -> (Run, stdout, stderr). (The
-    re-execution of a trip is still a child process.)"""
+    """`debug-nan run --report R OPTIONS -- COMMAND` in this process, in tmp_path -> (Run, stdout, stderr)."""
     monkeypatch.chdir(tmp_path)
 
     def run(*command: str, options=()) -> tuple[Run, str, str]:

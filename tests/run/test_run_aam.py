@@ -39,4 +39,4 @@ def test_aam_padding_slots_named_at_its_attention_pooling_softmax(run_here):
     assert "positions 3..7 of sample #0 (5 of 8 along dim 1)" in explanation  # the padding slots
     assert "only the gradients went non-finite" in explanation
     assert first["watch"].startswith("grad `sample_encoder.asv_encoder.")
-    assert "[pinpoint] mechanism: re-execution of the command" in stderr
+    assert done.report["integration"]["pinpoint"].startswith("in place") and "[pinpoint] replaying step" in stderr

@@ -112,7 +112,7 @@ def test_a_script_raising_on_its_own_nan_check_gets_the_origin_behind_it(tmp_pat
 @pytest.mark.parametrize("form", ["module", "console script"])
 def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
     """`python -m mytrain_main` and an installed console script `mytrain` (a dist-info on the path, as pip
-    writes it): the same loop inside main(), traced in the re-execution too."""
+    writes it): the same loop inside main(), traced in place too."""
     (tmp_path / "mytrain_main.py").write_text(MAIN + "\nif __name__ == '__main__':\n    raise SystemExit(main())\n")
     info = tmp_path / "mytrain-0.1.dist-info"
     info.mkdir()
@@ -141,7 +141,7 @@ def test_under_torchrun_a_script_without_a_process_group_is_refused_with_a_reaso
 
 
 def test_a_script_raising_mid_step_without_nan_is_its_own_failure(tmp_path, run_here):
-    """No NaN/Inf before the exception (checked in the re-execution): the script's traceback, status error, exit 1
+    """No NaN/Inf before the exception (checked by the in-place replay): the script's traceback, status error, exit 1
     (as a --task whose loss raises)."""
     (tmp_path / "keyerror.py").write_text(KEYERROR)
     done, _, stderr = run_here("python", "keyerror.py")
@@ -161,18 +161,17 @@ def test_deterministic_reaches_the_command_and_is_undone_after_it(tmp_path, run_
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-def test_a_re_execution_that_never_reaches_the_trip_leaves_the_watch_finding(tmp_path, run_here):
-    """The script behaves differently the second time (a file its first run wrote): the re-execution ends early,
-    the log says so, and the watch's finding stands (no op named)."""
+def test_a_script_that_acts_differently_the_second_time_still_gets_its_op(tmp_path, run_here):
+    """No second run: a script that would behave otherwise when run again (a file its first run wrote) is
+    pinpointed from the state this run holds, the op named."""
     once = RAISES.replace("import torch\n", "import os\nimport sys\nimport torch\n\nif os.path.exists('done'):\n"
                           "    sys.exit(0)\nopen('done', 'w').close()\n").replace(
         "    if torch.isnan(loss):\n        raise ValueError(\"the loss is NaN\")\n", "")
     (tmp_path / "once.py").write_text(once)
     done, _, stderr = run_here("python", "once.py")
     assert done.code == 1, done.output
-    assert (done.first["step"], done.first["micro_step"], done.first["op"], done.first["detected_by"]) == (
-        3, 1, None, "watch")
-    assert "the re-execution ended (exit 0) without reaching step 3, micro-batch 1" in " ".join(stderr.split())
+    assert (done.first["step"], done.first["micro_step"], done.first["op"], done.first["cause"]) == (
+        3, 1, "aten._softmax.default", "all_masked_softmax")
 
 
 def test_no_output_is_written_over_the_command_or_its_files(tmp_path, run_here):
@@ -193,15 +192,15 @@ def test_no_output_is_written_over_the_command_or_its_files(tmp_path, run_here):
     assert (tmp_path / "results.json").read_text() == '{"mine": 1}'
 
 
-def test_an_interrupted_re_execution_keeps_the_watch_finding(tmp_path, run_here, monkeypatch):
-    """Ctrl-C while the command is re-executed under the tracer: the trip the watch saw is reported (no op),
-    the run is marked interrupted, exit 130."""
-    import debug_nan.launch.job as job
+def test_an_interrupted_pinpoint_keeps_the_watch_finding(tmp_path, run_here, monkeypatch):
+    """Ctrl-C while the failing micro-batch is replayed under the tracer: the trip the watch saw is reported (no
+    op), the run is marked interrupted, exit 130."""
+    from debug_nan.checks.pinpoint import Pinpointer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt()
 
-    monkeypatch.setattr(job, "reexecute", interrupted)
+    monkeypatch.setattr(Pinpointer, "replay", interrupted)
     quiet = RAISES.replace("    if torch.isnan(loss):\n        raise ValueError(\"the loss is NaN\")\n", "")
     assert quiet != RAISES
     (tmp_path / "nan.py").write_text(quiet)
@@ -209,7 +208,8 @@ def test_an_interrupted_re_execution_keeps_the_watch_finding(tmp_path, run_here,
     assert done.code == 130, done.output
     assert (done.report["status"], done.report["interrupted"], done.report["exit_code"]) == ("nonfinite", True, 130)
     assert (done.first["step"], done.first["op"], done.first["detected_by"]) == (3, None, "watch")
-    assert "the re-execution was interrupted (Ctrl-C) before it named the op" in " ".join(stderr.split())
+    assert "the op-level replay was interrupted (Ctrl-C) before it named the op" in " ".join(
+        done.first["explanation"].split())
 
 
 def test_the_summary_of_a_run_says_the_exit_code_it_has(tmp_path, run_here):

@@ -49,7 +49,7 @@ def test_broken_script_same_finding_as_the_task(tmp_path, run_here, run_cli, kin
     assert done.code == 1, done.output
     first = done.first
     assert (first["step"], first["micro_step"]) == (2, 2)
-    assert "[pinpoint] mechanism: re-execution of the command" in stderr
+    assert done.report["integration"]["pinpoint"].startswith("in place") and "[pinpoint] replaying step" in stderr
     cli = run_cli("--task", f"{TASKS}:{task}", "--device", "cpu", "--max-steps", "6", "--max-grad-norm", "0",
                   "--warmup-steps", "0", "--gradient-accumulation-steps", "2", "--no-bundle")
     assert cli.code == 1, cli.output
