@@ -55,6 +55,8 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | 
                     loss, _ = d.replay_loss(move_to(batch, d.device, copy=True), inputs.tape(i))
                     d.backward(loss)
                 d.average_gradients()
+                if inputs.step_groups is not None:
+                    put_groups(d.optimizer, inputs.step_groups)
                 d.optimizer_step(inputs.update)
                 if d.optimizer is not None:
                     d.optimizer.zero_grad(set_to_none=True)

@@ -47,6 +47,8 @@ class StepInputs:
     tapes: list = field(default_factory=list)  # per micro-batch, what a driver that cannot call the loss code
     # again recorded of it (`debug-nan run`: launch/tape.py); empty for the others
     update: object | None = None  # ... and of the code between the last backward and the optimizer step
+    step_groups: list | None = None  # the param groups' settings as the optimizer step began, where the driver
+    # sees that moment (a script may change its lr between the backward and the step)
 
     def tape(self, index: int):
         """The recorded code of micro-batch `index` (0-based), or None."""

@@ -25,7 +25,7 @@ from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
 from debug_nan.checks.optimizer_evidence import StepHyperparameters, optimizer_explanation, read_hyperparameters
-from debug_nan.checks.snapshot import capture_rng, restore_rng
+from debug_nan.checks.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.checks.start_state import is_start_state, start_state_finding
 from debug_nan.checks.stats import flat_tensors, move_to
 from debug_nan.checks.tracer import OpEvent, Tracer
@@ -83,6 +83,8 @@ class Pinpointer:
                 try:
                     if optimizer:
                         tracer.phase_override = Phase.OPTIMIZER  # the lr this step uses, before its schedule step:
+                        if inputs.step_groups is not None:
+                            put_groups(d.optimizer, inputs.step_groups)
                         self._hyper = read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")

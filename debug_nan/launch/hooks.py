@@ -51,6 +51,7 @@ class Listener(Protocol):
     def backward_end(self, step: int, micro: int) -> None: ...
     def step_begin(self, step: int, update: Tape | None) -> None: ...
     def step_end(self, step: int, skipped: bool) -> None: ...
+    def training_ends(self) -> None: ...
 
 
 def bare(module: nn.Module) -> nn.Module:
@@ -137,6 +138,15 @@ class Hooks:
         self._patch(torch.autograd, "backward", autograd_backward)
         self._patch(torch.amp.GradScaler, "scale", scaler_scale)
         self._patch(torch.amp.GradScaler, "update", scaler_update)
+        if torch.distributed.is_available():
+            destroy = torch.distributed.destroy_process_group
+
+            def destroy_process_group(*args, **kwargs):
+                if not hooks.is_paused and hooks.root is not None:
+                    hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
+                return destroy(*args, **kwargs)
+
+            self._patch(torch.distributed, "destroy_process_group", destroy_process_group)
         self._handles += [register_optimizer_step_pre_hook(self.step_pre),
                           register_optimizer_step_post_hook(self.step_post)]
         self.recorder.install()

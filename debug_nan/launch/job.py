@@ -88,6 +88,13 @@ class Watching:
     def step_end(self, step: int, skipped: bool) -> None:
         self.monitor.step_end(skipped)
 
+    def training_ends(self) -> None:
+        """The script destroys its process group: the last update is checked now, agreed on by the ranks."""
+        if self.monitor is not None and not self.monitor.stopped:
+            self.monitor.finish()
+            if self.monitor.findings:
+                raise RunStopped("trip")
+
 
 def _script_traceback(exc: BaseException) -> None:
     """The traceback as Python would print it for the script: from its own first frame on."""

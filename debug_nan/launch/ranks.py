@@ -2,8 +2,8 @@
 
 Every rank runs the script in-process as without torchrun. While it trains, the ranks agree on every
 micro-batch's trip decision through the script's own process group (train/agreement.py RankAgreement, built
-here from the group the script initialised). Outside training (before the re-execution, to pick the reported
-rank, to leave together) they talk through the process group's key-value store instead of collectives: the
+here from the group the script initialised), and each that saw the harm first replays its own micro-batch in place.
+To leave together they talk through the process group's key-value store instead of collectives: the
 script may have destroyed its group while it was stopped (a `finally: dist.destroy_process_group()`), and a store
 key cannot leave a rank waiting inside a collective. Every wait has a deadline and names the missing rank.
 """
@@ -11,16 +11,13 @@ key cannot leave a rank waiting inside a collective. Every wait has a deadline a
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
-import socket
 import sys
 import time
 
 import torch.distributed as dist
 
-from debug_nan.checks.finding import Finding
 from debug_nan.errors import InputError
 from debug_nan.integrations import ddp
 from debug_nan.train.distributed import DistContext, detect
@@ -83,43 +80,6 @@ class Ranks:
                                       f"s (failed or hung)")
             time.sleep(0.02)
 
-    def post(self, name: str, value: str) -> None:
-        """A value the others may look at while they wait (`posted`), outside an exchange round."""
-        self.store.set(f"{self.rounds}-{name}/{self.rank}", value)
-
-    def posted(self, name: str) -> dict[int, str]:
-        """The values other ranks posted under `name` in this round, so far."""
-        keys = {r: f"{self.rounds}-{name}/{r}" for r in range(self.world) if r != self.rank}
-        return {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
-
-    def fresh_port(self) -> int:
-        """A free port on rank 0's host, the same on every rank: where the re-executed ranks rendezvous."""
-        port = ""
-        if self.is_main:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = str(s.getsockname()[1])
-        return int(self.exchange("port", port)[0])
-
-    def agree_on_finding(self, first: list[int], finding: Finding | None, error: str | None, lines: list,
-                         timeout_s: float = WAIT_S) -> tuple[Finding | None, str | None, list]:
-        """Every rank's own pinpoint -> the reported one, the same on every rank: the first of the ranks that saw
-        the harm first whose re-execution named the op that made it, else the first of them (train/agreement.py's
-        rule).
-        Returns its finding (with its rank), its error and its log lines."""
-        # named: an op made the value non-finite here. A tensor that already was (`op` empty) is not: under DDP a
-        # rank's gradients turn non-finite in the all-reduce that brings another rank's NaN
-        named = finding is not None and finding.detected_by != "watch" and bool(finding.op)
-        mine = json.dumps({"finding": finding.to_dict() if finding is not None else None, "error": error,
-                           "lines": lines, "named": named})
-        answers = [json.loads(a) for a in self.exchange("finding", mine, timeout_s)]
-        src = next((r for r in first if answers[r]["named"]), first[0])
-        chosen = answers[src]
-        finding = Finding(**chosen["finding"]) if chosen["finding"] is not None else None
-        if finding is not None:
-            finding.rank, finding.first_ranks = src, list(first)
-        return finding, chosen["error"], [tuple(line) for line in chosen["lines"]]
-
     # -- leaving ---------------------------------------------------------------------------------------------
     def leave(self, code: int, together: bool = True) -> None:
         """End this rank with `code`: once every rank is done when they all end at the same point (`together`:
@@ -145,14 +105,4 @@ class Ranks:
         os._exit(code)
 
 
-def child_env(port: int) -> dict[str, str]:
-    """The re-execution's environment: this rank's own (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR), a fresh
-    MASTER_PORT, and rank 0 hosting that rendezvous itself (torchrun's agent hosts the first run's)."""
-    env = dict(os.environ)
-    env["MASTER_PORT"] = str(port)
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-    env.pop("TORCHELASTIC_ERROR_FILE", None)  # torchrun reads it for its workers' failures, not the children's
-    return env
-
-
-__all__ = ["Ranks", "RanksUnanswered", "child_env"]
+__all__ = ["Ranks", "RanksUnanswered"]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from debug_nan.checks.driver import NotReplayable
 from debug_nan.checks.history import History
+from debug_nan.checks.snapshot import schedule_state
 from debug_nan.frames import replayed_at
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import Hooks, RunStopped
@@ -82,8 +83,9 @@ class RunMonitor(FrameworkMonitor):
         self._values: list | None = None  # ... and its tape's values (an update may use them)
 
     def finish(self):
-        """The last update's check. A script that destroyed its process group at its end cannot agree on it: the
-        parameters are replicas under DDP, so every rank decides the same alone."""
+        """The last update's check (under DDP, when the script destroys its process group: the ranks agree on it
+        and replay its update together while they still can). After the group is gone the parameters are still
+        replicas, so every rank decides the same alone."""
         if self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized()):
             self.session.p.agreement = None
         return super().finish()
@@ -150,8 +152,12 @@ class RunMonitor(FrameworkMonitor):
             raise RunStopped("trip")
 
     def step_begin(self, update: Tape | None) -> None:
-        if self.session.inputs is not None:
-            self.session.inputs.update = update
+        """The optimizer step begins: the update's tape, and the param groups as the step sees them (the script
+        may have set its lr since the step began)."""
+        inputs = self.session.inputs
+        if inputs is not None and not self.stopped:
+            inputs.update = update
+            inputs.step_groups = schedule_state(self.optimizer, None)["groups"]
 
     def step_end(self, skipped: bool) -> None:
         """After the optimizer step (or a GradScaler's skip): close the step's record, the explosion check, then

@@ -27,7 +27,6 @@ parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--noise-on-rank1", action="store_true", help="rank 1 adds noise from the OS: not reproducible")
-parser.add_argument("--exit-in-rerun", metavar="FILE", help="rank 1 leaves at step 1 when FILE exists (it writes it)")
 parser.add_argument("--raise-on-rank1", action="store_true", help="rank 1 raises a ValueError at step 3")
 args = parser.parse_args()
 
@@ -44,11 +43,6 @@ if args.noise_on_rank1 and rank == 1:
     noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     for batch in data:
         batch["x"] += 1e-3 * torch.randn(batch["x"].shape, generator=noise)
-if args.exit_in_rerun and rank == 1:
-    if os.path.exists(args.exit_in_rerun):
-        sys.exit(5)  # a second run of this rank ends before it trains: its peers wait in their first all-reduce
-    open(args.exit_in_rerun, "w").close()
-
 for step, batch in enumerate(data, start=1):
     if args.raise_on_rank1 and rank == 1 and step == 3:
         raise ValueError("rank 1 cannot read its batch")

@@ -29,6 +29,9 @@ class Recorder:
     def step_end(self, step, skipped):
         self.events.append(("step_end", step, skipped))
 
+    def training_ends(self):
+        self.events.append(("ends",))
+
 
 @pytest.fixture
 def hooks():
