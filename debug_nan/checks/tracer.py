@@ -48,7 +48,7 @@ def forward_source_of(node) -> str | None:
     recorded call, the line that made it in the run)."""
     if node is None:
         return None
-    return source_from_stack_lines(node.metadata.get("traceback_")) or node.metadata.get(SOURCE_TAG)
+    return node.metadata.get(SOURCE_TAG) or source_from_stack_lines(node.metadata.get("traceback_"))
 
 
 class StopReplay(Exception):

@@ -55,10 +55,15 @@ class Listener(Protocol):
 
 
 def bare(module: nn.Module) -> nn.Module:
-    """The user's module inside a DDP / DataParallel wrapper."""
-    while isinstance(module, (DistributedDataParallel, nn.DataParallel)):
-        module = module.module
-    return module
+    """The user's module inside a DDP / DataParallel wrapper and a torch.compile wrapper (the watch names modules
+    as the user wrote them; the replay runs the eager module under the tracer)."""
+    while True:
+        if isinstance(module, (DistributedDataParallel, nn.DataParallel)):
+            module = module.module
+        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+            module = module._orig_mod
+        else:
+            return module
 
 
 def batch_of(args: tuple, kwargs: dict):
@@ -193,8 +198,11 @@ class Hooks:
         self._open_micro(module, args, kwargs)
         tape = self.recorder.tape
         if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
-            first = not tape.entries
-            self._calls[-1] = tape.model_call((), {}) if first else tape.model_call(args, kwargs)
+            if not tape.entries:  # the micro-batch's first call: its arguments are the captured batch
+                tape.first_inputs(args, kwargs)
+                self._calls[-1] = tape.model_call((), {})
+            else:
+                self._calls[-1] = tape.model_call(args, kwargs)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         if self.is_paused or not self._calls:

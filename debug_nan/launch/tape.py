@@ -60,11 +60,19 @@ class Tape:
     first_form: str | None = None  # how the first model call's arguments were given (see batch_form)
     step_location: tuple | None = None  # an update's: (filename, lineno) of the script's optimizer.step() call
     previous: Tape | None = None  # an update's: the micro-batch tape it follows (its values may be used here)
+    inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
     unreplayable: str | None = None
     _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
     _external_of: dict = field(default_factory=dict)  # id(tensor) -> index in externals
 
     # -- recording ----------------------------------------------------------------------------------------------
+    def first_inputs(self, args: tuple, kwargs: dict) -> None:
+        """The first model call's tensors get slots: the script's code may use them again (a gradient penalty
+        differentiates with respect to an input that requires grad); the replay binds the captured batch's."""
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor):
+                self.inputs.append((self._slot(t), t.requires_grad and t.grad_fn is None))
+
     def model_call(self, args: tuple, kwargs: dict) -> Entry:
         """A call of the model (its outputs are bound by `returned`); the first one's arguments are the captured
         batch, given at the replay."""
@@ -130,6 +138,11 @@ class Tape:
             raise NotReplayable(self.unreplayable)
         self._previous_values = previous or []
         values: list = [None] * self.slots
+        given = [t for t in tree_flatten((first_args, first_kwargs))[0] if isinstance(t, torch.Tensor)]
+        if len(given) != len(self.inputs):
+            raise NotReplayable(f"the model took {len(self.inputs)} tensors in the run, {len(given)} in the replay")
+        for (slot, wants_grad), t in zip(self.inputs, given):
+            values[slot] = t.requires_grad_(True) if wants_grad and t.is_leaf else t
         first = True
         for entry in self.entries:
             if entry.func is MODEL:

@@ -77,7 +77,6 @@ class RunMonitor(FrameworkMonitor):
     def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None):
         super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx)
         self.hooks = hooks
-        self.eager = getattr(model, "_orig_mod", model)  # a torch.compile'd model is replayed eagerly
         self.step_open = False
         self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
         self._values: list | None = None  # ... and its tape's values (an update may use them)
@@ -102,7 +101,7 @@ class RunMonitor(FrameworkMonitor):
         if tape is None:
             raise NotReplayable("no record of the script's code for this micro-batch")
         args, kwargs = call_arguments(batch, tape.first_form)
-        values = self._values = tape.replay(self.eager, args, kwargs)
+        values = self._values = tape.replay(self.model, args, kwargs)
         if tape.backward is None:  # the run raised in this micro-batch: it ends where the run's did
             raise _RaisedHere("the script raised here in the run")
         self._backward = tape.backward_args(values)
@@ -119,7 +118,7 @@ class RunMonitor(FrameworkMonitor):
         step."""
         if tape is None:
             raise NotReplayable("no record of the script's code before its optimizer step")
-        tape.replay(self.eager, (), {}, self._values)
+        tape.replay(self.model, (), {}, self._values)
         with replayed_at(tape.step_location):
             self.optimizer.step()
 
