@@ -143,9 +143,12 @@ def tail(text: str, lines: int = 8) -> str:
     return "\n".join(kept[-lines:])
 
 
-def run_item(check: Check, spec, results: dict[str, Item], write) -> None:
+def run_item(check: Check, spec, results: dict[str, Item], write, in_process: bool = False) -> None:
     name, title, fn = spec[0], spec[1], spec[2]
     item = Item(name, title)
+    if in_process:  # its command: this script, for that item alone
+        item.commands.append(f"python scripts/gpu_check.py --device {check.device}{' --quick' if check.quick else ''}"
+                             f" --only {name}")
     start = time.monotonic()
     if check.left() <= 1:
         item.status, item.reason = "not run", "budget"
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     alone = [s for s in ALONE if check.cuda or not args.quick]
     for spec in (s for s in chosen if s in IN_PROCESS):
-        run_item(check, spec, results, locked_write)
+        run_item(check, spec, results, locked_write, in_process=True)
     with ThreadPoolExecutor(max_workers=check.jobs) as pool:
         for future in [pool.submit(run_item, check, s, results, locked_write) for s in chosen
                        if s not in IN_PROCESS and s not in alone]:

@@ -212,7 +212,7 @@ def overhead(check, item) -> None:
         out = check.folder(item, model) / "overhead.json"
         done = check.run(item, ["scripts/bench_overhead.py", "--device", check.device, "--model", model, *extra,
                                 "--modes", "plain,watch,monitor,trace,detect_anomaly", "--repeats",
-                                "1" if check.quick else "5", "--warmup", "0" if check.quick else "2", "--json", out])
+                                "1" if check.quick else "3", "--warmup", "0" if check.quick else "1", "--json", out])
         if not item.expect(done.rc == 0 and out.exists(), f"{model}: exit {done.rc}: {tail_line(done.out)}"):
             continue
         data = json.loads(out.read_text())
