@@ -39,7 +39,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-NO_CUDA = "skipped (no CUDA)"
 LEFT_OUT = [
     "checklist 1: the whole test suite on CUDA does not fit in minutes; the CUDA-only tests and the watch's "
     "sync tests run (cuda_tests), and the host syncs of a watched micro-batch are counted on the device "
@@ -187,9 +186,9 @@ def environment(check: Check) -> dict:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
-    where = (f"{env['gpu']} ({env['gpu_memory_gib']} GiB), torch {env['torch']}, CUDA {env['cuda']}" if env["gpu"]
-             else f"no GPU: {env['device']}, torch {env['torch']}")
-    lines = [f"GPU check on {where}: `{report['command']}` (commit {env.get('commit')}, {env['date']}, "
+    where = (f"{env['gpu']} ({env['gpu_memory_gib']} GiB), torch {env['torch']}, CUDA {env['cuda']}" if env.get("gpu")
+             else f"no GPU: {env['device']}, torch {env.get('torch')}")
+    lines = [f"GPU check on {where}: `{report['command']}` (commit {env.get('commit')}, {env.get('date')}, "
              f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget{', quick sizes' if report['quick'] else ''})",
              "", "| check | result | figures | s |", "|---|---|---|---|"]
     for item in report["items"]:

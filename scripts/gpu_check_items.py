@@ -38,6 +38,15 @@ def cli_run(check, item, name: str, args: list[str], cwd: Path = REPO) -> tuple[
     return done.rc, report_of(report), done.out
 
 
+def bench(check, item, name: str, args: list) -> dict | None:
+    """`python SCRIPT ARGS --json J` (a benchmark of scripts/) -> its JSON, or None with the failure expected."""
+    out = check.folder(item, name) / "bench.json"
+    done = check.run(item, [*args, "--json", out])
+    if item.expect(done.rc == 0 and out.exists(), f"{name}: exit {done.rc}: {tail_line(done.out)}"):
+        return json.loads(out.read_text())
+    return None
+
+
 def cuda_tests(check, item) -> None:
     done = check.run(item, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *CUDA_TESTS])
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", tail_line(done.out))}
@@ -185,18 +194,17 @@ def memory(check, item) -> None:
             else [("aam", "plain,host,device,params,off"), ("100m", "plain,host,device,params,off")])
     said = []
     for size, modes in runs:
-        out = check.folder(item, size) / "memory.json"
-        done = check.run(item, ["scripts/bench_memory.py", "--device", check.device, "--sizes", size, "--modes",
-                                modes, "--steps", "2" if check.quick else "3", "--json", out])
-        if not item.expect(done.rc == 0 and out.exists(), f"{size}: exit {done.rc}: {tail_line(done.out)}"):
+        data = bench(check, item, size, ["scripts/bench_memory.py", "--device", check.device, "--sizes", size,
+                                         "--modes", modes, "--steps", "2" if check.quick else "3"])
+        if data is None:
             continue
-        rows = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+        rows = {r["mode"]: r for r in data["results"]}
         key = "cuda_max_allocated_mb" if check.cuda else "peak_rss_mb"
         item.figures[size] = {"parameters": rows["plain"]["params"], "measure": key, **{
             m: {"mb": round(r[key]), "x_plain": round(r[key] / rows["plain"][key], 2),
                 "cuda_max_allocated_mb": r["cuda_max_allocated_mb"] if check.cuda else NO_CUDA}
             for m, r in rows.items()}}
-        said.append(f"{size} ({rows['plain']['params'] / 1e6:.1f}M): " + ", ".join(
+        said.append(f"{size} ({rows['plain']['params'] / 1e6:.3g}M parameters): " + ", ".join(
             f"{m} {item.figures[size][m]['x_plain']:.2f}x" for m in rows if m != "plain"))
     item.summary = ("CUDA max allocated vs plain: " if check.cuda else f"peak RSS vs plain (CUDA {NO_CUDA}): ") + \
         "; ".join(said)
@@ -209,13 +217,11 @@ def overhead(check, item) -> None:
               else [("aam", ["--config", "configs/aam.toml"]), ("deep", []), ("gpt2", [])])
     said = []
     for model, extra in shapes:
-        out = check.folder(item, model) / "overhead.json"
-        done = check.run(item, ["scripts/bench_overhead.py", "--device", check.device, "--model", model, *extra,
-                                "--modes", "plain,watch,monitor,trace,detect_anomaly", "--repeats",
-                                "1" if check.quick else "3", "--warmup", "0" if check.quick else "1", "--json", out])
-        if not item.expect(done.rc == 0 and out.exists(), f"{model}: exit {done.rc}: {tail_line(done.out)}"):
+        data = bench(check, item, model, ["scripts/bench_overhead.py", "--device", check.device, "--model", model,
+                                          *extra, "--modes", "plain,watch,monitor,trace,detect_anomaly", "--repeats",
+                                          "1" if check.quick else "3", "--warmup", "0" if check.quick else "1"])
+        if data is None:
             continue
-        data = json.loads(out.read_text())
         ratio = {m: round(r, 3) for m, r in data["ratio_to_plain"].items()}
         syncs = data["host_syncs_per_watch_step"]
         item.figures[model] = {"plain_ms": round(data["ms_per_step"]["plain"], 1), "ratio_to_plain": ratio,
@@ -229,14 +235,11 @@ def run_overhead(check, item) -> None:
     """`debug-nan run` against the same script plain, fresh processes in alternating pairs (scripts/bench_run.py)."""
     said = []
     for model in (["tiny"] if check.quick else ["deep", "gpt2"]):
-        out = check.folder(item, model) / "run.json"
         sizes = ["--repeats", "1", "--steps", "3", "--warmup", "2"] if check.quick else [
             "--repeats", "2", "--steps", "20", "--warmup", "16"]
-        done = check.run(item, ["scripts/bench_run.py", "--model", model, "--device", check.device, *sizes,
-                                "--json", out])
-        if not item.expect(done.rc == 0 and out.exists(), f"{model}: exit {done.rc}: {tail_line(done.out)}"):
+        data = bench(check, item, model, ["scripts/bench_run.py", "--model", model, "--device", check.device, *sizes])
+        if data is None:
             continue
-        data = json.loads(out.read_text())
         item.figures[model] = {k: data[k] for k in ("plain_ms", "run_ms", "ratio", "cpu_ratio", "pairs")}
         said.append(f"{model}: {data['plain_ms']:.1f} -> {data['run_ms']:.1f} ms/step, {data['ratio']:.2f}x")
     item.summary = "; ".join(said)
