@@ -12,7 +12,8 @@ from pathlib import Path
 from gpu_check_probes import NO_CUDA, all_masked_sdpa, encoder_fast_path_nan, watch_syncs
 
 REPO = Path(__file__).resolve().parents[1]
-CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU), and the watch's sync tests
+CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: tests/test_gpu_check.py keeps this
+    # list whole), the diagnosis of the fused CUDA kernel's mask, and the watch's sync tests
     "tests/checks/test_snapshot_modes.py::test_cuda_round_trip_and_where_the_copies_live",
     "tests/checks/test_snapshot_modes.py::test_cuda_host_save_does_not_wait_for_the_copy",
     "tests/checks/test_snapshot_modes.py::test_cuda_host_without_an_optimizer_copies_in_stream_order",
