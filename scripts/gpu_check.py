@@ -101,14 +101,13 @@ class Check:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def run(self, item: Item, args: list[str], cwd: Path = REPO, timeout: float | None = None) -> Done:
-        """`python ARGS` in cwd, in its own process group (a timeout stops its children too); its output goes to
-        a log file. BudgetOut when the budget ends first."""
+    def run(self, item: Item, args: list[str], cwd: Path = REPO) -> Done:
+        """`python ARGS` in cwd, in its own process group (stopping it at the budget stops its children too); its
+        output goes to a log file. BudgetOut when the budget ends first."""
         item.commands.append(shlex.join(["python", *map(str, args)]) + ("" if cwd == REPO else f"   (in {cwd})"))
         left = self.left()
         if left <= 1:
             raise BudgetOut("no time left to start it")
-        limit = min(timeout or left, left)
         with self._lock:
             n = self._counts[item.name] = self._counts.get(item.name, 0) + 1
         log = self.folder(item) / f"{n:02d}.log"
@@ -121,13 +120,13 @@ class Check:
             proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, stdout=stream,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                rc = proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
+                rc = proc.wait(timeout=left)
+            except BaseException as exc:  # the budget, or Ctrl-C: its own session would not see the SIGINT
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                if limit == left:
+                if isinstance(exc, subprocess.TimeoutExpired):
                     raise BudgetOut(f"stopped after {time.monotonic() - start:.0f} s") from None
-                rc = -9
+                raise
         return Done(rc, log.read_text(errors="replace"), time.monotonic() - start, str(log))
 
     def map(self, fn, args: list) -> list:
@@ -192,7 +191,8 @@ def markdown(report: dict) -> str:
              f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget{', quick sizes' if report['quick'] else ''})",
              "", "| check | result | figures | s |", "|---|---|---|---|"]
     for item in report["items"]:
-        result = item["status"] + (f": {item['reason']}" if item["status"] != "pass" and item["reason"] else "")
+        reason = item["reason"] if item["status"] != "pass" else ""
+        result = reason if reason.startswith(item["status"]) else item["status"] + (f": {reason}" if reason else "")
         cells = [item["title"], result[:300], item["summary"] or "-", f"{item['seconds']:.0f}"]
         lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
     lines += ["", "Left out: " + "; ".join(report["left_out"]) + "."]
