@@ -111,14 +111,22 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
     return f"{where} At these settings the built-in model holds: {listed}.{match} To fit, {advice}."
 
 
+def attention_probability_bytes(s: RunSettings) -> int:
+    """The lower bound check_activation_memory refuses on: the built-in model's attention probabilities of one
+    micro-batch, every layer (scripts/gpu_check.py sizes a real out-of-memory just under it)."""
+    asv, _, sample = builtin_model_sizes(s)
+    copies = 2 if s.dropout > 0 else 1  # softmax keeps its output; dropout keeps what it passes on
+    return int(copies * (asv[1] * s.asv_layers + sample[1] * (s.sample_layers + s.encoder_layers)))
+
+
 def check_activation_memory(s: RunSettings, device: torch.device) -> None:
     """Before any data is read: the built-in model's attention probabilities alone (saved for the backward: the
     softmax's output per layer, and dropout's) must fit in the memory the device can give, else exit 2 naming
     --token-limit (the kernel would kill the run without a word). A lower bound, so a run this refuses could never
     have trained: --token-limit 300 on 12 samples (bound 2.6 GB) peaked at 8.4 GB RSS on CPU."""
     asv, _, sample = builtin_model_sizes(s)
-    copies = 2 if s.dropout > 0 else 1  # softmax keeps its output; dropout keeps what it passes on
-    need = copies * (asv[1] * s.asv_layers + sample[1] * (s.sample_layers + s.encoder_layers))
+    copies = 2 if s.dropout > 0 else 1
+    need = attention_probability_bytes(s)
     if device.type == "cuda":
         available, where = torch.cuda.mem_get_info(device)[0], str(device)
     else:

@@ -3,6 +3,7 @@ and of an optimizer-phase replay under the op-level tracer, on GPT-like models w
 
     python scripts/bench_memory.py --device cpu                      # sizes 5m and 50m, every mode
     python scripts/bench_memory.py --device cuda --json mem.json     # + torch.cuda.max_memory_allocated
+    python scripts/bench_memory.py --device cuda --sizes aam,100m    # the built-in AAM model, ~100M parameters
 
 Every (size, mode) runs in its own subprocess, so peaks do not mix. Modes:
   plain         model + AdamW: zero_grad, forward, loss, backward, step; nothing else
@@ -20,6 +21,7 @@ increase over plain in units of the parameters' size (float32 bytes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -33,7 +35,39 @@ SIZES = {  # bench_models.LMShape fields; about 5M and 50M parameters (and a tin
     "tiny": dict(blocks=1, d_model=32, heads=2, seq=16, batch=2, vocab=64),
     "5m": dict(blocks=4, d_model=256, heads=4, seq=64, batch=4, vocab=4096),
     "50m": dict(blocks=8, d_model=640, heads=10, seq=64, batch=4, vocab=8192),
+    "100m": dict(blocks=12, d_model=768, heads=12, seq=128, batch=8, vocab=8192),  # GPT-2 small's blocks
 }
+# the built-in AAM model at a config's size, on synthetic data (one batch), with the same AdamW as the GPT sizes
+AAM_SIZES = {"aam": REPO / "configs" / "aam.toml", "aam-tiny": REPO / "configs" / "tiny.toml"}
+
+
+def build(size: str, steps: int):
+    """(model, one batch, loss(model, batch) -> scalar, the task for the watched modes, its settings' config)."""
+    import contextlib
+    import io
+    import tempfile
+
+    import torch
+
+    from bench_models import LMShape, TinyGPT, lm_loss
+    from debug_nan.report.log import Log
+    from debug_nan.settings import build_settings
+    from debug_nan.train.aam_task import build_aam_task
+    from debug_nan.train.task import Task, split_loss
+
+    torch.manual_seed(0)
+    if size in AAM_SIZES:
+        settings = build_settings(str(AAM_SIZES[size]), {"max_steps": steps})
+        with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):  # no ./data: synthetic data
+            task = build_aam_task(settings, Log(stream=io.StringIO()))
+        batch = next(iter(task.batches))
+        return task.model, batch, lambda m, b: split_loss(task.loss(m, b))[0], task, str(AAM_SIZES[size])
+    shape = LMShape(**SIZES[size])
+    model = TinyGPT(shape, dropout=0.0)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=g)
+    batch = {"idx": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+    return model, batch, lm_loss, Task(model=model, batches=[batch], loss=lm_loss, name=size), None
 
 
 def rss_mb() -> float:
@@ -46,20 +80,14 @@ def child(size: str, mode: str, device_spec: str, steps: int) -> dict:
     sys.path[:0] = [str(REPO), str(REPO / "scripts")]
     import torch
 
-    from bench_models import LMShape, TinyGPT, lm_loss
+    from debug_nan.checks.stats import move_to
     from debug_nan.settings import build_settings
     from debug_nan.train.loop import Trainer
-    from debug_nan.train.task import Task
 
     baseline = rss_mb()
     device = torch.device("cuda" if device_spec == "auto" and torch.cuda.is_available() else
                           "cpu" if device_spec == "auto" else device_spec)
-    shape = LMShape(**SIZES[size])
-    torch.manual_seed(0)
-    model = TinyGPT(shape, dropout=0.0)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=g)
-    batch = {"idx": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+    model, batch, loss_fn, task, config = build(size, steps)
     n_params = sum(p.numel() for p in model.parameters())
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -69,15 +97,15 @@ def child(size: str, mode: str, device_spec: str, steps: int) -> dict:
     if mode == "plain":
         model = model.to(device)
         optimizer = adamw(model.parameters())
-        on_device = {k: v.to(device) for k, v in batch.items()}
+        on_device = move_to(batch, device)
         for _ in range(steps):
             optimizer.zero_grad(set_to_none=True)
-            lm_loss(model, on_device).backward()
+            loss_fn(model, on_device).backward()
             optimizer.step()
     else:
-        settings = build_settings(None, {"device": str(device), "max_steps": steps, "report": None,
-                                         "snapshot": "host" if mode == "replay" else mode})
-        task = Task(model=model, batches=[batch], loss=lm_loss, optimizer=adamw, name=size)
+        settings = build_settings(config, {"device": str(device), "max_steps": steps, "report": None,
+                                           "snapshot": "host" if mode == "replay" else mode})
+        task = dataclasses.replace(task, batches=[batch], optimizer=adamw)
         trainer = Trainer(task, settings, lambda *a, **k: None, device)
         stream = iter(lambda: batch, None)  # the same batch forever
         for step in range(1, steps + 1):
@@ -132,7 +160,7 @@ def _ratio(value: float, plain: float | None, param_mb: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto [default: cpu]")
-    parser.add_argument("--sizes", default="5m,50m", help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--sizes", default="5m,50m", help=f"comma-separated, of {', '.join([*SIZES, *AAM_SIZES])}")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run [default: 3]")
     parser.add_argument("--json", help="also write the results here")
@@ -142,7 +170,7 @@ def main() -> None:
         print(json.dumps(child(*args.child, args.device, args.steps)))
         return
     sizes, modes = args.sizes.split(","), args.modes.split(",")
-    for name, allowed, given in (("--sizes", SIZES, sizes), ("--modes", MODES, modes)):
+    for name, allowed, given in (("--sizes", [*SIZES, *AAM_SIZES], sizes), ("--modes", MODES, modes)):
         unknown = [v for v in given if v not in allowed]
         if unknown:
             parser.error(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")

@@ -3,6 +3,8 @@
     deep   24 pre-norm transformer blocks, d 64, 4 heads, seq 64, batch 8, vocab 256   (295 modules)
     gpt2   6 blocks, d 384, 6 heads, seq 128, batch 4, vocab 8192 (GPT-2-small's block at a third of the depth
            and a smaller vocabulary, so that a CPU step stays under a second)                 (79 modules)
+    tiny   2 blocks, d 32, 2 heads, seq 16, batch 4, vocab 64: the stand-in for both in smoke runs
+           (scripts/gpu_check.py --quick)
 
 Each preset is a task like any `--task` plug-in: model, one fixed batch of token ids, next-token cross-entropy.
 """
@@ -31,6 +33,7 @@ class LMShape:
 PRESETS = {
     "deep": LMShape(blocks=24, d_model=64, heads=4, seq=64, batch=8, vocab=256),
     "gpt2": LMShape(blocks=6, d_model=384, heads=6, seq=128, batch=4, vocab=8192),
+    "tiny": LMShape(blocks=2, d_model=32, heads=2, seq=16, batch=4, vocab=64),
 }
 
 

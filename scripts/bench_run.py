@@ -2,12 +2,14 @@
 
     python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 16]
                                 [--repeats 5] [--accumulate 1] [--threads 1] [--json out.json]
+    python scripts/bench_run.py --model gpt2 --device cuda     # a bench_models preset (its own batch and seq)
 
 The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
-download), which times its own optimizer steps after --warmup (start-up and the first steps excluded) and prints
-the median ms per step. Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run -- python
-bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
-ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
+download), or over a scripts/bench_models.py preset (--model deep|gpt2|tiny: no transformers import), on --device,
+which times its own optimizer steps after --warmup (start-up and the first steps excluded; on CUDA the device is
+synchronised around each step) and prints the median ms per step. Each pair runs `python bench_run.py --as-user
+...` and `python -m debug_nan run -- python bench_run.py --as-user ...` as fresh processes, alternately (plain
+first in even pairs, watched first in odd ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
 (CPU time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps
 measure every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
 """
@@ -26,27 +28,55 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def as_user(a) -> None:
+def user_model(a):
+    """(model, loss_of(generator) -> the next micro-batch's loss) on a.device."""
     import torch
+
+    torch.manual_seed(0)
+    if a.model != "bert":
+        sys.path.insert(0, str(REPO / "scripts"))
+        from bench_models import PRESETS, TinyGPT, lm_loss
+
+        shape = PRESETS[a.model]
+        model = TinyGPT(shape).to(a.device)
+
+        def preset_loss(g):
+            tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=g).to(a.device)
+            return lm_loss(model, {"idx": tokens[:, :-1], "targets": tokens[:, 1:]})
+
+        return model, preset_loss
     from transformers import BertConfig, BertForMaskedLM
 
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
                                        num_attention_heads=max(1, a.hidden // 32), intermediate_size=4 * a.hidden,
-                                       max_position_embeddings=a.seq))
+                                       max_position_embeddings=a.seq)).to(a.device)
+
+    def bert_loss(g):
+        ids = torch.randint(5, 1000, (a.batch, a.seq), generator=g)
+        labels = torch.where(torch.rand(a.batch, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+        return model(input_ids=ids.to(a.device), labels=labels.to(a.device)).loss
+
+    return model, bert_loss
+
+
+def as_user(a) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    model, next_loss = user_model(a)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     times, cpu = [], []
     for step in range(a.warmup + a.steps):
+        sync()
         start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(a.accumulate):
-            ids = torch.randint(5, 1000, (a.batch, a.seq), generator=g)
-            labels = torch.where(torch.rand(a.batch, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-            loss = model(input_ids=ids, labels=labels).loss / a.accumulate
+            loss = next_loss(g) / a.accumulate
             loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        sync()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
@@ -68,13 +98,16 @@ def main() -> None:
     for name, default in (("hidden", 128), ("layers", 4), ("seq", 128), ("batch", 8), ("steps", 30),
                           ("warmup", 16), ("accumulate", 1), ("threads", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--model", choices=("bert", "deep", "gpt2", "tiny"), default="bert",
+                   help="BertForMaskedLM at --hidden/--layers/--seq/--batch, or a bench_models preset")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N [default: cpu]")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.as_user:
         return as_user(a)
-    a.user_args = [f"--{k}={getattr(a, k)}" for k in ("hidden", "layers", "seq", "batch", "steps", "warmup",
-                                                      "accumulate", "threads")]
+    a.user_args = [f"--{k}={getattr(a, k)}" for k in ("model", "device", "hidden", "layers", "seq", "batch", "steps",
+                                                      "warmup", "accumulate", "threads")]
     plain, watched, ratios, cpu_ratios = [], [], [], []
     for r in range(a.repeats):
         pair = {}

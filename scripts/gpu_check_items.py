@@ -1,0 +1,260 @@
+"""The items of scripts/gpu_check.py that run commands (the CLI, pytest, the benchmark scripts), and the three lists
+gpu_check runs: IN_PROCESS (first, one at a time), POOLED (--jobs at a time), ALONE (last, one at a time). Each
+item is item(check, item) -> None: it runs its commands with check.run, keeps figures, and says what it expected
+with item.expect."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from gpu_check_probes import NO_CUDA, all_masked_sdpa, encoder_fast_path_nan, watch_syncs
+
+REPO = Path(__file__).resolve().parents[1]
+CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: tests/test_gpu_check.py keeps this
+    # list whole), the diagnosis of the fused CUDA kernel's mask, and the watch's sync tests
+    "tests/checks/test_snapshot_modes.py::test_cuda_round_trip_and_where_the_copies_live",
+    "tests/checks/test_snapshot_modes.py::test_cuda_host_save_does_not_wait_for_the_copy",
+    "tests/checks/test_snapshot_modes.py::test_cuda_host_without_an_optimizer_copies_in_stream_order",
+    "tests/integrations/test_hf.py::test_fp16_scaler_overflow_is_not_a_finding_on_cuda",
+    "tests/checks/test_diagnose.py::test_sdpa_cuda_kernel_reads_attn_bias",
+    "tests/checks/test_watch_syncs.py",
+]
+
+
+def report_of(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
+
+
+def finding_of(report: dict) -> dict:
+    first = report.get("first_nonfinite") or {}
+    return {k: first.get(k) for k in ("step", "phase", "module", "op", "cause")}
+
+
+def cli_run(check, item, name: str, args: list[str], cwd: Path = REPO) -> tuple[int, dict, str]:
+    """`python -m debug_nan ARGS --report R` -> (exit code, the JSON report, the output)."""
+    report = check.folder(item, name) / "report.json"
+    done = check.run(item, ["-m", "debug_nan", *args, "--report", report], cwd=cwd)
+    return done.rc, report_of(report), done.out
+
+
+def bench(check, item, name: str, args: list) -> dict | None:
+    """`python SCRIPT ARGS --json J` (a benchmark of scripts/) -> its JSON, or None with the failure expected."""
+    out = check.folder(item, name) / "bench.json"
+    done = check.run(item, [*args, "--json", out])
+    if item.expect(done.rc == 0 and out.exists(), f"{name}: exit {done.rc}: {tail_line(done.out)}"):
+        return json.loads(out.read_text())
+    return None
+
+
+def cuda_tests(check, item) -> None:
+    done = check.run(item, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *CUDA_TESTS])
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", tail_line(done.out))}
+    item.figures = {"counts": counts, "skipped_reasons": re.findall(r"SKIPPED \[\d+\] (.*)", done.out)}
+    item.expect(done.rc == 0 and counts.get("passed", 0) > 0, f"pytest exit {done.rc}: {tail_line(done.out)}")
+    if check.cuda:
+        item.expect(not counts.get("skipped"), f"{counts.get('skipped')} test(s) skipped on CUDA")
+    item.summary = ", ".join(f"{n} {k}" for k, n in counts.items()) + ("" if check.cuda else f" ({NO_CUDA})")
+
+
+def tail_line(out: str) -> str:
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def demo_job(check, item) -> None:
+    """The README's main job on the demo data: clean with guards, pinpointed with --no-guards, in fp32, bf16 and
+    fp16 (--quick: configs/tiny.toml, 2 steps)."""
+    steps = 2 if check.quick else 10
+    base = (["--config", "configs/tiny.toml"] if check.quick else ["--token-limit", "512"]) + [
+        "--max-steps", str(steps), "--device", check.device]
+    runs = [(check, item, f"{precision}{'' if guards else '-no-guards'}",
+             base + ([] if precision == "fp32" else ["--precision", precision]) + ([] if guards else ["--no-guards"]))
+            for precision in ("fp32", "bf16", "fp16") for guards in (True, False)]
+    said = []
+    for (_, _, name, _), (rc, report, out) in zip(runs, check.map(cli_run, runs)):
+        peaks = [s.get("peak_memory_mb") for s in report.get("history", []) if s.get("peak_memory_mb")]
+        found = finding_of(report)
+        item.figures[name] = {"exit": rc, "status": report.get("status"), "steps_run": report.get("steps_run"),
+                              **found, "elapsed_s": report.get("elapsed_s"),
+                              "peak_cuda_mib": max(peaks) if peaks else (None if check.cuda else NO_CUDA)}
+        why = report.get("error") or tail_line(out)
+        if name.endswith("no-guards"):
+            item.expect(rc == 1 and found["cause"] == "all_masked_softmax",
+                        f"{name}: exit {rc}, cause {found['cause']}: {why}")
+            said.append(f"{name} exit {rc} {found['cause']}")
+        else:
+            item.expect(rc == 0 and report.get("steps_run") == steps,
+                        f"{name}: exit {rc}, {report.get('steps_run')} steps: {why}")
+            said.append(f"{name} exit {rc}")
+    item.summary = ", ".join(said)
+
+
+def all_masked_encoder(check, item) -> None:
+    """PYT-8.9 as it happened (README): nn.TransformerEncoder's inference fast path in the eval pass. Where the
+    fast path itself gives an all-padding row NaN (probed alone), the run must name all_masked_softmax."""
+    nan = item.figures["fast_path_alone_gives_nan"] = encoder_fast_path_nan(check.device)
+    rc, report, out = cli_run(check, item, "run", ["--config", REPO / "configs" / "tiny.toml", "--asv-encoder", "torch",
+                                                    "--no-guards", "--eval-every", "2", "--max-steps", "4",
+                                                    "--device", check.device, "--no-bundle"],
+                                 cwd=check.folder(item, "empty"))  # no ./data there: synthetic data, as the README's
+    found = item.figures["finding"] = finding_of(report)
+    item.figures["exit"] = rc
+    if rc == 1:
+        item.expect(found["cause"] == "all_masked_softmax", f"exit 1, cause {found['cause']}")
+        item.summary = f"exit 1: {found['cause']} in {found['phase']} ({found['op']})"
+    else:
+        item.expect(rc == 0 and not nan, f"exit {rc} (fast path alone gives NaN: {nan}): "
+                                          f"{report.get('error') or tail_line(out)}")
+        item.summary = f"exit {rc}: no NaN (the fast path gave the all-padding rows finite values)"
+
+
+GPT_SCRIPT = '''"""A small GPT trained by a plain loop (scripts/gpu_check.py runs it under `debug-nan run`): token and position
+embeddings (whose backward on CUDA may add with atomics: not bit for bit reproducible), and at step 3 the logits
+divided by a temperature of 0 (the planted bug)."""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, {scripts!r})
+from bench_models import LMShape, TinyGPT
+
+device = sys.argv[1]
+shape = LMShape(blocks=2, d_model=64, heads=4, seq=32, batch=8, vocab=512)
+torch.manual_seed(0)
+model = TinyGPT(shape, dropout=0.1).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(0)
+for step in range(1, 6):
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=g).to(device)
+    temperature = 0.0 if step == 3 else 1.0
+    logits = model(tokens[:, :-1]) / temperature
+    loss = F.cross_entropy(logits.reshape(-1, shape.vocab), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {{step}} loss {{loss.item():.4f}}")
+'''
+
+
+def gpt_run(check, item) -> None:
+    """`debug-nan run` (no --deterministic) on a small GPT with embeddings: the op of the planted bug is named."""
+    folder = check.folder(item, "script")
+    (folder / "tiny_gpt.py").write_text(GPT_SCRIPT.format(scripts=str(REPO / "scripts")))
+    report = folder / "report.json"
+    done = check.run(item, ["-m", "debug_nan", "run", "--report", report, "--", "python", "tiny_gpt.py",
+                            check.device], cwd=folder)
+    found = finding_of(report_of(report))
+    item.figures = {"exit": done.rc, **found, "not_deterministic": "not deterministic" in done.out}
+    item.expect(done.rc == 1 and found["op"] == "aten.div.Tensor" and found["step"] == 3,
+                f"exit {done.rc}, finding {found}: {tail_line(done.out)}")
+    item.summary = f"exit {done.rc}: step {found['step']} {found['op']} ({found['cause']})"
+
+
+def oom_sizes(free_bytes: int, token_limit: int = 1024) -> tuple[int, int, int]:
+    """(token limit, batch size, bound) of a run that passes the activation check (its bound, the attention
+    probabilities, about 0.7 of the free memory) but cannot fit: without dropout the bound counts them once,
+    while the run also holds every layer's other activations (about twice the bound on the guarded model)."""
+    from debug_nan.runner import attention_probability_bytes
+    from debug_nan.settings import build_settings
+
+    for batch in range(2, 4096, 2):
+        need = attention_probability_bytes(build_settings(None, {"token_limit": token_limit, "batch_size": batch,
+                                                                 "dropout": 0.0}))
+        if need >= 0.7 * free_bytes:
+            return token_limit, batch, need
+    raise ValueError(f"no batch size reaches 0.7 of {free_bytes} bytes")
+
+
+def oom(check, item) -> None:
+    """A real CUDA out-of-memory on synthetic data: exit 2, the message naming the sizes in use."""
+    if not check.cuda:
+        return item.skip(f"{NO_CUDA}: on the CPU the kernel would kill the run, as the activation check says")
+    import torch
+
+    torch.cuda.empty_cache()  # (this process's own blocks: the run is a child)
+    free = torch.cuda.mem_get_info(torch.device(check.device))[0] - 2**30  # the child's context, roughly
+    limit, batch, need = oom_sizes(free)
+    rc, report, out = cli_run(check, item, "run", [
+        "--token-limit", str(limit), "--batch-size", str(batch), "--synthetic-samples", str(2 * batch),
+        "--dropout", "0", "--max-steps", "1", "--device", check.device, "--no-bundle"],
+        cwd=check.folder(item, "empty"))  # no ./data there: synthetic data
+    error = report.get("error") or tail_line(out)
+    item.figures = {"token_limit": limit, "batch_size": batch, "bound_gib": round(need / 2**30, 1),
+                    "free_gib": round(free / 2**30, 1), "exit": rc, "message": error}
+    item.expect(rc == 2 and "CUDA ran out of memory" in error, f"exit {rc}: {error}")
+    item.expect(f"batch {batch} x token limit {limit}" in error, f"the message names no sizes: {error}")
+    item.summary = f"exit {rc} at --token-limit {limit} --batch-size {batch}: " + error[:160]
+
+
+def memory(check, item) -> None:
+    """Peak memory watched vs plain, each --snapshot mode (scripts/bench_memory.py, each run its own process)."""
+    runs = ([("aam-tiny", "plain,host")] if check.quick  # (the GPT sizes: tests/test_benchmarks.py)
+            else [("aam", "plain,host,device,params,off"), ("100m", "plain,host,device,params,off")])
+    said = []
+    for size, modes in runs:
+        data = bench(check, item, size, ["scripts/bench_memory.py", "--device", check.device, "--sizes", size,
+                                         "--modes", modes, "--steps", "2" if check.quick else "3"])
+        if data is None:
+            continue
+        rows = {r["mode"]: r for r in data["results"]}
+        key = "cuda_max_allocated_mb" if check.cuda else "peak_rss_mb"
+        item.figures[size] = {"parameters": rows["plain"]["params"], "measure": key, **{
+            m: {"mb": round(r[key]), "x_plain": round(r[key] / rows["plain"][key], 2),
+                "cuda_max_allocated_mb": r["cuda_max_allocated_mb"] if check.cuda else NO_CUDA}
+            for m, r in rows.items()}}
+        said.append(f"{size} ({rows['plain']['params'] / 1e6:.3g}M parameters): " + ", ".join(
+            f"{m} {item.figures[size][m]['x_plain']:.2f}x" for m in rows if m != "plain"))
+    item.summary = ("CUDA max allocated vs plain: " if check.cuda else f"peak RSS vs plain (CUDA {NO_CUDA}): ") + \
+        "; ".join(said)
+
+
+def overhead(check, item) -> None:
+    """watch / Monitor / trace / detect_anomaly ratios to a plain step, modes side by side in one process per shape,
+    order rotated (scripts/bench_overhead.py)."""
+    shapes = ([("aam", ["--config", "configs/tiny.toml"])] if check.quick  # (the presets: tests/test_benchmarks.py)
+              else [("aam", ["--config", "configs/aam.toml"]), ("deep", []), ("gpt2", [])])
+    said = []
+    for model, extra in shapes:
+        data = bench(check, item, model, ["scripts/bench_overhead.py", "--device", check.device, "--model", model,
+                                          *extra, "--modes", "plain,watch,monitor,trace,detect_anomaly", "--repeats",
+                                          "1" if check.quick else "3", "--warmup", "0" if check.quick else "1"])
+        if data is None:
+            continue
+        ratio = {m: round(r, 3) for m, r in data["ratio_to_plain"].items()}
+        syncs = data["host_syncs_per_watch_step"]
+        item.figures[model] = {"plain_ms": round(data["ms_per_step"]["plain"], 1), "ratio_to_plain": ratio,
+                               "host_syncs_per_watch_step": NO_CUDA if syncs is None else syncs}
+        said.append(f"{model} ({data['ms_per_step']['plain']:.0f} ms): " + ", ".join(
+            f"{m} {r:.2f}x" for m, r in ratio.items() if m != "plain"))
+    item.summary = "; ".join(said)
+
+
+def run_overhead(check, item) -> None:
+    """`debug-nan run` against the same script plain, fresh processes in alternating pairs (scripts/bench_run.py)."""
+    said = []
+    for model in (["tiny"] if check.quick else ["deep", "gpt2"]):
+        sizes = ["--repeats", "1", "--steps", "3", "--warmup", "2"] if check.quick else [
+            "--repeats", "2", "--steps", "20", "--warmup", "16"]
+        data = bench(check, item, model, ["scripts/bench_run.py", "--model", model, "--device", check.device, *sizes])
+        if data is None:
+            continue
+        item.figures[model] = {k: data[k] for k in ("plain_ms", "run_ms", "ratio", "cpu_ratio", "pairs")}
+        said.append(f"{model}: {data['plain_ms']:.1f} -> {data['run_ms']:.1f} ms/step, {data['ratio']:.2f}x")
+    item.summary = "; ".join(said)
+
+
+IN_PROCESS = [("watch_syncs", "host syncs per watched micro-batch (promise: 1)", watch_syncs),
+              ("all_masked_sdpa", "all-masked row, SDPA flash / memory-efficient -> all_masked_softmax",
+               all_masked_sdpa)]
+POOLED = [  # the longest first
+    ("demo_job", "main job on the demo data, fp32 / bf16 / fp16, guards / --no-guards", demo_job),
+    ("cuda_tests", "CUDA-only tests + watch sync tests (pytest)", cuda_tests),
+    ("gpt_run", "`debug-nan run` on a small GPT with embeddings, no --deterministic", gpt_run),
+    ("memory", "peak memory, watched vs plain, each --snapshot mode", memory),
+    ("all_masked_encoder", "all-masked row, nn.TransformerEncoder fast path (eval pass)", all_masked_encoder)]
+ALONE = [("oom", "a real CUDA out-of-memory: exit 2 naming the sizes", oom),
+         ("overhead", "watch / Monitor / trace / detect_anomaly vs plain (--task Trainer)", overhead),
+         ("run_overhead", "`debug-nan run` vs plain", run_overhead)]
