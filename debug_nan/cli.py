@@ -21,6 +21,7 @@ import debug_nan
 from debug_nan.cli_help import format_grouped_options
 from debug_nan.cli_options import DEFAULTS, run_options
 from debug_nan.errors import InputError
+from debug_nan.launch import paths
 from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
@@ -241,6 +242,15 @@ def replay(bundle, device, report, log_path):
     sys.exit(code)
 
 
+def _run_report(report: str | None) -> str | None:
+    """Where `run`'s error or interrupted report may go: not over a file that is not debug-nan's (launch/paths.py:
+    the command's own, or one it wrote while it ran)."""
+    if report and os.path.isfile(report) and not paths.replaceable(report, "--report"):
+        click.echo(f"debug-nan: note: no report written: {report} is a file debug-nan did not write.", err=True)
+        return None
+    return report
+
+
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--log", "--log-file", "log_path", type=click.Path(dir_okay=False), default=None,
@@ -269,16 +279,18 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     ranks stop together and are re-executed together."""
     from debug_nan.launch.job import RunOptions, run_command
 
+    report, log_path = paths.absolute(report), paths.absolute(log_path)  # the script may chdir
     options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
         check_output_paths({"--report": report, "--log": log_path}, inputs)
+        paths.refuse_foreign({"--report": report, "--log": log_path})
         code = run_command(list(command), options)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2
     except InputError as exc:
-        fail(str(exc), report, inputs, {"--log": log_path} if log_path else {})
+        fail(str(exc), _run_report(report), inputs, {"--log": log_path} if log_path else {})
     except KeyboardInterrupt as exc:
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
         code = interrupts.interrupt_code(exc)

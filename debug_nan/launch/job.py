@@ -23,6 +23,7 @@ from debug_nan.checks.vocabulary import adapt_advice
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
+from debug_nan.launch import paths
 from debug_nan.launch.hooks import Hooks, RunStopped
 from debug_nan.launch.ranks import Ranks, RanksUnanswered
 from debug_nan.launch.reexec import deterministic_algorithms, reexecute, start_rng
@@ -104,7 +105,11 @@ def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
     ranks = Ranks.detect()
-    code, together = _run_command(words, options, ranks)
+    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    try:
+        code, together = _run_command(words, options, ranks)
+    finally:
+        _place_log(options)
     if ranks is not None:
         ranks.leave(code, together)
     return code
@@ -116,7 +121,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     main_rank = ranks is None or ranks.is_main
     outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = Log(options.log, stream=sys.stderr) if main_rank else Log(None, stream=io.StringIO())
+    log = outputs.log = (Log(paths.partial(options.log), stream=sys.stderr) if main_rank
+                         else Log(None, stream=io.StringIO()))
+    _streamed[:] = [log, command.target if command.kind == "script" else None]
     outputs.open()
     log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
         f"output as it is)")
@@ -127,6 +134,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     code, error, interrupted = 0, None, None
     hooks.install()
     was_deterministic = deterministic_algorithms(options.deterministic)
+    paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
     try:
         code = commands.run(command)
     except RunStopped as stop:
@@ -138,6 +146,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
         error = exc
     finally:
+        paths.record_opens(False)
         hooks.uninstall()
         torch.use_deterministic_algorithms(was_deterministic)
     if hooks.failure is not None:
@@ -181,11 +190,28 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     if ranks is not None:
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None and (m.pending is None or m.pending.first_ranks is not None)
+    outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
     if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
         log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
                               write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
     return final(result), together
+
+
+_streamed: list = []  # [the Log streaming the --log copy, the script] of the run in progress
+
+
+def _place_log(options: RunOptions) -> None:
+    """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
+    if len(_streamed) != 2 or _streamed[0].copy_path is None:
+        return
+    log, script = _streamed
+    _streamed.clear()
+    log.close()
+    notes: list[str] = []
+    paths.place(log.copy_path, options.log, "--log", script, notes.append)
+    for line in notes:
+        log(line, "yellow")
 
 
 class _RankMarked:
