@@ -136,9 +136,12 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     was_deterministic = deterministic_algorithms(options.deterministic)
     paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
     try:
-        code = commands.run(command)
+        with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
+            code = commands.run(command)
     except RunStopped as stop:
-        if stop.reason == "max-steps":
+        if stop.reason == interrupts.SIGTERM_NAME:
+            interrupted = KeyboardInterrupt(stop.reason)
+        elif stop.reason == "max-steps":
             log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
                 f"steps.")
     except KeyboardInterrupt as exc:
@@ -154,6 +157,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     m = watching.monitor
     if m is None and interrupted is not None:
         log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
+        if ranks is None:  # the cli writes the report of a run interrupted before it trained
+            raise interrupted
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
