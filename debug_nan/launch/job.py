@@ -200,6 +200,10 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
                               write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
+    if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(f"{outputs.write_failure} The run itself ended with exit {final(result)}; exit 2 because "
+                       f"its report could not be written."), "red")
+        return 2, together
     return final(result), together
 
 
