@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import runpy
 import sys
 import time
 import traceback
@@ -33,6 +34,7 @@ from debug_nan.report.log import Log, error_line
 from debug_nan.report.summary import exit_code
 from debug_nan.settings import RunSettings
 
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MECHANISM = "re-execution of the command (same random state, losses compared bit for bit)"
 
 
@@ -92,13 +94,23 @@ class Watching:
         self.monitor.step_end(skipped)
 
 
+def _ours(frame: traceback.FrameSummary) -> bool:
+    """A frame `python script.py` would not show: debug-nan's (its hooks, its runner) or runpy's."""
+    return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
+
+
 def _script_traceback(exc: BaseException) -> None:
-    """The traceback as Python would print it for the script: from its own first frame on."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(
-            (os.path.dirname(commands.__file__), os.path.dirname(os.__file__))):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+    """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
+    report = traceback.TracebackException.from_exception(exc)
+    seen, pending = set(), [report]
+    while pending:  # the exception, and those it was raised from or while handling
+        one = pending.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.stack = traceback.StackSummary.from_list([f for f in one.stack if not _ours(f)])
+        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    sys.stderr.write("".join(report.format()))
 
 
 def run_command(words: list[str], options: RunOptions) -> int:
