@@ -21,6 +21,7 @@ import debug_nan
 from debug_nan.cli_help import format_grouped_options
 from debug_nan.cli_options import DEFAULTS, run_options
 from debug_nan.errors import InputError
+from debug_nan.launch import paths
 from debug_nan.report import interrupts, streams
 from debug_nan.report.log import error_line
 from debug_nan.report.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
@@ -148,25 +149,31 @@ def usage_error(exc: click.ClickException, args: list[str]) -> None:
     _exit(2)
 
 
+def interrupted_at_start(interrupt: BaseException | None, args: list[str]) -> None:
+    """Ctrl-C or SIGTERM before a command began: one line, the interrupted report where --report asked for one
+    (read from the raw arguments), the signal's exit code."""
+    click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
+    report, where, _ = _report_in_argv(args)
+    if report and _main_rank():
+        write_interrupted_report_safely(report, interrupt, _argv_paths(args, where), {})
+    sys.exit(interrupts.interrupt_code(interrupt))
+
+
 class DebugNanGroup(click.Group):
     """Click's group, with SIGTERM handled like Ctrl-C and Click's own usage errors turned into exit 2 with the
     error report (Click's standalone mode would print them and exit without one)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
-        streams.install()  # a hung-up terminal, a broken pipe or a full disk never ends the run (first: fds 0-2)
-        try:
+        try:  # (python -m debug_nan installed the signal handlers already: __main__.py)
+            streams.install()  # a hung-up terminal, a broken pipe or a full disk never ends the run (fds 0-2)
             interrupts.install()  # inside: a signal right after it still gets its report
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:
             usage_error(exc, args)
         except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C (or SIGTERM) while Click set up or parsed
-            interrupt = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__
-            click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(interrupt)}).", err=True)
-            report, where, _ = _report_in_argv(args)
-            if report and _main_rank():
-                write_interrupted_report_safely(report, interrupt, _argv_paths(args, where), {})
-            sys.exit(interrupts.interrupt_code(interrupt))
+            interrupted_at_start(exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__ or exc.__context__,
+                                 args)
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
@@ -198,8 +205,9 @@ def main(ctx: click.Context, config, **flags):
         return
     values, started = _values(config, flags), False
     try:
-        from debug_nan.runner import run_job  # torch: seconds, during which a SIGTERM still gets its report
-        from debug_nan.train import distributed
+        with interrupts.deferred():  # torch: seconds, during which a SIGTERM waits for the import, then stops
+            from debug_nan.runner import run_job
+            from debug_nan.train import distributed
 
         settings = build_settings(config, flags)
         values, started = settings.to_dict(), True
@@ -226,19 +234,30 @@ def main(ctx: click.Context, config, **flags):
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="A copy of the text log.")
 def replay(bundle, device, report, log_path):
     """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
-    from debug_nan.replay import run_replay
-
     try:
+        with interrupts.deferred():
+            from debug_nan.replay import run_replay
         code = run_replay(bundle, device, report, log_path)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2
     except InputError as exc:
         fail(str(exc), report, {"bundle": bundle}, {"--log": log_path} if log_path else {})
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # (a replay that ran has written its own report by then)
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        if report and not os.path.exists(report):
+            write_interrupted_report_safely(report, exc, {"bundle": bundle}, {"--log": log_path} if log_path else {})
         code = interrupts.interrupt_code(exc)
     sys.exit(code)
+
+
+def _run_report(report: str | None) -> str | None:
+    """Where `run`'s error or interrupted report may go: not over a file that is not debug-nan's (launch/paths.py:
+    the command's own, or one it wrote while it ran)."""
+    if report and os.path.isfile(report) and not paths.replaceable(report, "--report"):
+        click.echo(f"debug-nan: note: no report written: {report} is a file debug-nan did not write.", err=True)
+        return None
+    return report
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -253,8 +272,8 @@ def replay(bundle, device, report, log_path):
 @click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
               help="...and growth over the smallest earlier norm.")
 @click.option("--deterministic", is_flag=True,
-              help="torch.use_deterministic_algorithms(True) in the command and its re-execution (a GPU's atomic "
-                   "adds otherwise make the re-execution differ from the run).")
+              help="torch.use_deterministic_algorithms(True) in the command (changes its kernels: the pinpoint "
+                   "does not need it, it replays from the run's own state).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic, command):
     """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
@@ -263,24 +282,28 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     COMMAND: `python train.py ARGS`, `python -m package.module ARGS`, `train.py ARGS` or an installed console
     script. It runs in this process (its sys.argv, __main__, working directory and exit code as usual); the
     watch attaches to the optimizer it creates and the model that owns its parameters. On the first NaN/Inf the
-    command is stopped and re-executed with the op-level tracer on at the failing micro-batch (exit 1). A clean
-    run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own.
+    failing micro-batch is replayed in place under the op-level tracer, from the run's own state, and the command
+    is stopped (exit 1). A clean run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own.
     Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py ARGS; the
-    ranks stop together and are re-executed together."""
-    from debug_nan.launch.job import RunOptions, run_command
-
-    options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
+    ranks agree on every trip, each replays its own micro-batch, and they stop together."""
+    report, log_path = paths.absolute(report), paths.absolute(log_path)  # the script may chdir
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
+        with interrupts.deferred():
+            from debug_nan.launch.job import RunOptions, run_command
+        options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
         check_output_paths({"--report": report, "--log": log_path}, inputs)
+        paths.refuse_foreign({"--report": report, "--log": log_path})
         code = run_command(list(command), options)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2
     except InputError as exc:
-        fail(str(exc), report, inputs, {"--log": log_path} if log_path else {})
-    except KeyboardInterrupt as exc:
+        fail(str(exc), _run_report(report), inputs, {"--log": log_path} if log_path else {})
+    except KeyboardInterrupt as exc:  # before the command trained (the job writes its own report after)
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
+        if _run_report(report) and _main_rank():
+            write_interrupted_report_safely(report, exc, inputs, {"--log": log_path} if log_path else {})
         code = interrupts.interrupt_code(exc)
     sys.exit(code)
 

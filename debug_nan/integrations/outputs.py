@@ -46,6 +46,7 @@ class Outputs:
         self.log: Log | None = None
         self.started = time.perf_counter()
         self.result: RunResult | None = None
+        self.write_failure: str | None = None  # why the report could not be written (a full disk), for the caller
 
     def open(self, rank: int = 0) -> Log:
         """The log for this rank: rank 0 writes stdout (and the copy), the others mark their lines."""
@@ -90,6 +91,7 @@ class Outputs:
                 write_report(path, data)
                 self.log(f"JSON report written to {path}")
             except OutputWriteError as exc:  # the user's training must not fail at its end for our report
+                self.write_failure = str(exc)
                 self.log(f"  could not write the JSON report: {exc}", "yellow")
         self.log.close()
         return result

@@ -33,7 +33,7 @@ from debug_nan.train.task import split_loss
 class FrameworkMonitor:
     framework = "framework"
     dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
-    session_class = StepSession  # `debug-nan run` swaps in its own (it pinpoints by re-executing the command)
+    session_class = StepSession  # `debug-nan run` swaps in its own (its history)
     snapshot_mode = "host"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,

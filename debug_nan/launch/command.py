@@ -1,16 +1,22 @@
 """The user's command, run in this process as Python would run it: `python train.py ARGS`, `python -m pkg.mod
 ARGS`, `train.py ARGS`, or an installed console script (`aam pretrain ...`, found through its entry point).
 
-The script sees its usual sys.argv, `__main__`, sys.path[0] and working directory; its exit code is returned
+The script sees what `python SCRIPT` gives it: sys.argv[0] as typed, `__file__` absolute (the working directory
+joined to what was typed), sys.path[0] the folder of the script's real file (a symlink resolved), a folder or a
+.zip with a `__main__.py` run as Python runs them (sys.path[0] the folder or archive); its exit code is returned
 (SystemExit's code as Python maps it: None -> 0, an int, anything else printed on stderr -> 1).
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import os
 import runpy
 import shutil
 import sys
+import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -22,9 +28,9 @@ PYTHON_FLAGS_IGNORED = ("-u", "-B")  # unbuffered output, no .pyc files: nothing
 @dataclass
 class Command:
     kind: str  # "script" | "module" | "entry point"
-    target: str  # the script's path, the module's name, or "module:function" of the entry point
+    target: str  # the script's (or folder's, archive's) absolute path, the module's name, or "module:function"
     argv: list[str]  # sys.argv as the program sees it
-    words: list[str]  # the command as the user typed it (for the log and the re-execution)
+    words: list[str]  # the command as the user typed it (for the log and the report)
 
     def describe(self) -> str:
         return " ".join(self.words)
@@ -40,6 +46,7 @@ def resolve(words: list[str]) -> Command:
     if not words:
         raise InputError("debug-nan run needs the command to run after `--`, e.g. "
                          "`debug-nan run -- python train.py --lr 3e-4`.")
+    _refuse_launcher(words)
     rest = list(words)
     if _is_python(rest[0]):
         rest.pop(0)
@@ -53,11 +60,12 @@ def resolve(words: list[str]) -> Command:
             raise InputError(f"debug-nan run -- {' '.join(words)}: give the script (python train.py ARGS) or "
                              f"the module (python -m package.module ARGS); other interpreter options are not "
                              f"supported (only {', '.join(PYTHON_FLAGS_IGNORED)}).")
-    if rest[0].endswith(".py") or os.path.isfile(rest[0]) and not _entry_point(rest[0]):
+    if rest[0].endswith(".py") or _runnable_folder(rest[0]) or os.path.isfile(rest[0]) and not _entry_point(rest[0]):
         path = rest[0]
-        if not os.path.isfile(path):
+        if not os.path.isfile(path) and not _runnable_folder(path):
             raise InputError(f"the script {path} does not exist (working directory {os.getcwd()}).")
-        return Command("script", os.path.abspath(path), [path, *rest[1:]], list(words))
+        # absolute as Python makes it: the working directory joined, nothing normalised (its __file__)
+        return Command("script", os.path.join(os.getcwd(), path), [path, *rest[1:]], list(words))
     point = _entry_point(os.path.basename(rest[0]))
     if point is None:
         found = shutil.which(rest[0])
@@ -66,6 +74,47 @@ def resolve(words: list[str]) -> Command:
         raise InputError(f"debug-nan run -- {rest[0]}: {hint}. Give a script (train.py), a module "
                          f"(python -m package.module) or a console script installed in this Python environment.")
     return Command("entry point", point.value, [shutil.which(rest[0]) or rest[0], *rest[1:]], list(words))
+
+
+LAUNCHERS = {  # a launcher of worker processes (its program, or its module under `python -m`) -> its `-m` flag
+    "torchrun": "-m", "torch.distributed.run": "-m", "torch.distributed.launch": "-m",
+    "accelerate": "-m", "accelerate-launch": "-m", "accelerate.commands.launch": "-m",
+    "deepspeed": "--module", "deepspeed.launcher.runner": "--module",
+}
+TESTED = ("torchrun", "torch.distributed.run", "accelerate", "accelerate-launch")  # advice run here (tests/run/)
+
+
+def _refuse_launcher(words: list[str]) -> None:
+    """A launcher that trains in child processes (torchrun, accelerate launch, deepspeed) would train outside
+    this process, unwatched: exit 2, with the command that runs debug-nan inside each worker instead."""
+    name = os.path.basename(words[0])
+    at = 1
+    if _is_python(words[0]) and "-m" in words[1:3]:
+        at = words.index("-m") + 2
+        name = words[at - 1] if at - 1 < len(words) else ""
+    if name not in LAUNCHERS:
+        return
+    head, tail = words[:at], words[at:]
+    if tail[:1] == ["launch"] and name.startswith("accelerate"):
+        head, tail = head + ["launch"], tail[1:]
+    script = next((k for k, w in enumerate(tail) if w.endswith(".py")), None)
+    flag = LAUNCHERS[name]
+    if script is None:
+        instead = " ".join([*head, "[ITS OPTIONS]", flag, "debug_nan", "run", "[OPTIONS]", "--", "train.py", "ARGS"])
+    else:
+        instead = " ".join([*head, *tail[:script], flag, "debug_nan", "run", "[OPTIONS]", "--", *tail[script:]])
+    tested = "" if name in TESTED else " (this form is not tested here)"
+    raise InputError(f"debug-nan run -- {' '.join(words)}: {name} starts the training in worker processes of its "
+                     f"own, which this process cannot watch (it would end saying that no optimizer was created). "
+                     f"Let the launcher start debug-nan in every worker instead, each watching its own rank: "
+                     f"`{instead}`{tested}. The ranks then agree on every trip and stop together.")
+
+
+def _runnable_folder(path: str) -> bool:
+    """A folder or a zip archive with a __main__.py: `python app/`, `python app.zip`."""
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "__main__.py"))
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
 
 
 def _entry_point(name: str):
@@ -88,9 +137,12 @@ def run(command: Command) -> int:
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = list(command.argv)
     try:
-        if command.kind == "script":
-            sys.path[0] = os.path.dirname(command.target)
-            runpy.run_path(command.target, run_name="__main__")
+        if command.kind == "script" and _runnable_folder(command.target):
+            sys.path[0] = command.target
+            _run_main_of_folder()
+        elif command.kind == "script":
+            sys.path[0] = os.path.dirname(os.path.realpath(command.target))
+            _run_script(command.target)
         elif command.kind == "module":
             sys.path[0] = os.getcwd()
             runpy.run_module(command.target, run_name="__main__", alter_sys=True)
@@ -104,3 +156,32 @@ def run(command: Command) -> int:
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+
+
+def _run_script(path: str) -> None:
+    """`python SCRIPT`: its code run as `__main__` (sys.modules' `__main__` while it runs, so that its classes
+    pickle), sys.argv left as it is (runpy.run_path would put the path in sys.argv[0])."""
+    with io.open_code(path) as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    module = type(sys)("__main__")
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=importlib.machinery.SourceFileLoader(
+        "__main__", path), __package__=None, __spec__=None, __builtins__=builtins)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
+
+
+def _run_main_of_folder() -> None:
+    """`python app/` or `python app.zip` (sys.path[0] set to it): its __main__ module, found there as Python
+    finds it (runpy's own steps, without the sys.argv[0] that runpy.run_path sets)."""
+    saved = sys.modules.get("__main__")
+    try:
+        _, spec, code = runpy._get_main_module_details()  # noqa: SLF001 - what `python app/` runs
+        module = type(sys)("__main__")
+        sys.modules["__main__"] = module
+        runpy._run_code(code, module.__dict__, None, "__main__", spec)  # noqa: SLF001
+    finally:
+        sys.modules["__main__"] = saved

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import runpy
 import sys
 import traceback
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
+from debug_nan.launch import paths
 from debug_nan.launch.hooks import Hooks, RunStopped
 from debug_nan.launch.ranks import Ranks
 from debug_nan.launch.watcher import RunMonitor
@@ -29,6 +31,7 @@ from debug_nan.report.summary import exit_code
 from debug_nan.settings import RunSettings
 from debug_nan.train.unreplayed import InterruptedPinpoint
 
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
@@ -96,20 +99,34 @@ class Watching:
                 raise RunStopped("trip")
 
 
+def _ours(frame: traceback.FrameSummary) -> bool:
+    """A frame `python script.py` would not show: debug-nan's (its hooks, its runner) or runpy's."""
+    return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
+
+
 def _script_traceback(exc: BaseException) -> None:
-    """The traceback as Python would print it for the script: from its own first frame on."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(
-            (os.path.dirname(commands.__file__), os.path.dirname(os.__file__))):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+    """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
+    report = traceback.TracebackException.from_exception(exc)
+    seen, pending = set(), [report]
+    while pending:  # the exception, and those it was raised from or while handling
+        one = pending.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.stack = traceback.StackSummary.from_list([f for f in one.stack if not _ours(f)])
+        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    sys.stderr.write("".join(report.format()))
 
 
 def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
     ranks = Ranks.detect()
-    code, together = _run_command(words, options, ranks)
+    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    try:
+        code, together = _run_command(words, options, ranks)
+    finally:
+        _place_log(options)
     if ranks is not None:
         ranks.leave(code, together)
     return code
@@ -121,7 +138,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     main_rank = ranks is None or ranks.is_main
     outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = Log(options.log, stream=sys.stderr) if main_rank else Log(None, stream=io.StringIO())
+    log = outputs.log = (Log(paths.partial(options.log), stream=sys.stderr) if main_rank
+                         else Log(None, stream=io.StringIO()))
+    _streamed[:] = [log, command.target if command.kind == "script" else None]
     outputs.open()
     log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
         f"output as it is)")
@@ -131,10 +150,14 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     code, error, interrupted = 0, None, None
     hooks.install()
     was_deterministic = deterministic_algorithms(options.deterministic)
+    paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
     try:
-        code = commands.run(command)
+        with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
+            code = commands.run(command)
     except RunStopped as stop:
-        if stop.reason == "max-steps":
+        if stop.reason == interrupts.SIGTERM_NAME:
+            interrupted = KeyboardInterrupt(stop.reason)
+        elif stop.reason == "max-steps":
             log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
                 f"steps.")
     except KeyboardInterrupt as exc:
@@ -143,6 +166,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
         error = exc
     finally:
+        paths.record_opens(False)
         hooks.uninstall()
         torch.use_deterministic_algorithms(was_deterministic)
     if hooks.failure is not None:
@@ -150,6 +174,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     m = watching.monitor
     if m is None and interrupted is not None:
         log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
+        if ranks is None:  # the cli writes the report of a run interrupted before it trained
+            raise interrupted
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
@@ -187,10 +213,15 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     if ranks is not None:
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None
+    outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
     if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
         log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
                               write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
+    if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(f"{outputs.write_failure} The run itself ended with exit {final(result)}; exit 2 because "
+                       f"its report could not be written."), "red")
+        return 2, together
     return final(result), together
 
 
@@ -209,6 +240,22 @@ def deterministic_algorithms(on: bool) -> bool:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     return before
+
+
+_streamed: list = []  # [the Log streaming the --log copy, the script] of the run in progress
+
+
+def _place_log(options: RunOptions) -> None:
+    """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
+    if len(_streamed) != 2 or _streamed[0].copy_path is None:
+        return
+    log, script = _streamed
+    _streamed.clear()
+    log.close()
+    notes: list[str] = []
+    paths.place(log.copy_path, options.log, "--log", script, notes.append)
+    for line in notes:
+        log(line, "yellow")
 
 
 class _RankMarked:

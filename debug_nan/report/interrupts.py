@@ -1,14 +1,16 @@
 """Signals: SIGTERM (what `timeout`, SLURM and `docker stop` send) behaves like Ctrl-C, with its own exit code.
 
 The handler raises KeyboardInterrupt("SIGTERM"), so every path that handles Ctrl-C (the loop's partial summary,
-the runner's report) handles SIGTERM too; the exit code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM,
-129 for a hang-up under torchrun (report/streams.py: a single process goes on after SIGHUP, as nohup would).
+the runner's report) handles SIGTERM too (in the user's own command under `debug-nan run`: `raising`); an
+interrupt that lands inside an import waits for its end. The exit code is 128 + the signal: 130 for Ctrl-C, 143
+for SIGTERM, 129 for a hang-up under torchrun (report/streams.py: a single process goes on after SIGHUP, as nohup would).
 No torch here (the cli installs it first thing).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -22,16 +24,78 @@ _received: list[int] = []
 _stopping: list[int] = []  # interrupts so far in this command: the first stops the run, the rest are counted
 
 
-def on_signal(signum, frame):  # noqa: ARG001 - the signal module's signature
-    if _again(signum):
+_pending: list[int] = []  # a signal held back while a module is being imported (raised after it)
+_deferring: list[bool] = []  # inside deferred(): held back whatever runs, raised when it ends
+_raising: list = []  # inside raising(make): SIGTERM raises make(name) instead of KeyboardInterrupt
+
+
+def on_signal(signum, frame):
+    if _held(signum, frame) or _again(signum):
         return
     _received.append(signum)
-    raise KeyboardInterrupt(NAMES.get(signum, SIGTERM_NAME))
+    name = NAMES.get(signum, SIGTERM_NAME)
+    raise _raising[-1](name) if _raising and signum == signal.SIGTERM else KeyboardInterrupt(name)
 
 
-def _on_sigint(signum, frame):  # noqa: ARG001
-    if not _again(signum):
+def _on_sigint(signum, frame):
+    if not _held(signum, frame) and not _again(signum):
         raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _held(signum: int, frame) -> bool:
+    """An interrupt that lands inside an import (torch's, NumPy's: a half-imported module breaks every later
+    import of it, a RecursionError in NumPy's) is held back and raised after it: at the end of deferred(), or by
+    sending the signal again shortly (until no import is under way)."""
+    if not _deferring and not _importing(frame):
+        return False
+    if not _pending:
+        _pending.append(signum)
+        if not _deferring:
+            timer = threading.Timer(0.05, _resend, (signum,))
+            timer.daemon = True
+            timer.start()
+    return True
+
+
+def _resend(signum: int) -> None:
+    _pending.clear()
+    os.kill(os.getpid(), signum)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Around debug-nan's own imports of torch and the rest: an interrupt waits for them to end, then is raised
+    here (KeyboardInterrupt, the signal's exit code), never from inside an import."""
+    _deferring.append(True)
+    try:
+        yield
+    finally:
+        _deferring.pop()
+    if _pending and not _deferring:
+        signum = _pending.pop()
+        if signum == signal.SIGINT:
+            _on_sigint(signum, None)
+        else:
+            on_signal(signum, None)
+
+
+@contextlib.contextmanager
+def raising(make):
+    """While the user's command runs under `debug-nan run`: SIGTERM raises make("SIGTERM") (not a KeyboardInterrupt,
+    which the script's Ctrl-C branch would catch), still counted as the run's interrupt."""
+    _raising.append(make)
+    try:
+        yield
+    finally:
+        _raising.pop()
 
 
 def _again(signum: int) -> bool:
