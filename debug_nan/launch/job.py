@@ -210,6 +210,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
 
     integration = {"framework": "debug-nan run", "command": words, "kind": command.kind, "pinpoint": MECHANISM,
                    "exit_code_of_command": code}
+    if m.answer_seconds is not None:
+        integration["pinpoint_seconds"] = round(m.answer_seconds, 4)  # from the tripping sync to the finding
     if ranks is not None:
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None

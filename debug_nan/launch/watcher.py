@@ -12,6 +12,7 @@ the explosion check) when the optimizer steps.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
@@ -80,6 +81,7 @@ class RunMonitor(FrameworkMonitor):
         self.step_open = False
         self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
         self._values: list | None = None  # ... and its tape's values (an update may use them)
+        self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
 
     def finish(self):
         """The last update's check (under DDP, when the script destroys its process group: the ranks agree on it
@@ -88,6 +90,13 @@ class RunMonitor(FrameworkMonitor):
         if self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized()):
             self.session.p.agreement = None
         return super().finish()
+
+    def _settle(self, decide, last: bool):
+        started = time.perf_counter()
+        finding = super()._settle(decide, last)
+        if self.stopped and self.answer_seconds is None:
+            self.answer_seconds = time.perf_counter() - started
+        return finding
 
     def adopt_scaler(self, scaler) -> None:
         """The script's GradScaler, known at its first scale(): the gradients' norms are read unscaled."""

@@ -1,0 +1,99 @@
+"""The tape of the script's code around the model (launch/tape.py): what is recorded, and a replay that computes
+the run's values again bit for bit, or says why it cannot."""
+
+import pytest
+import torch
+from torch import nn
+
+from debug_nan.checks.driver import NotReplayable
+from debug_nan.launch.tape import Recorder, Tape, call_arguments
+
+
+@pytest.fixture
+def recorder():
+    r = Recorder()
+    r.install()
+    yield r
+    r.uninstall()
+
+
+def forward(recorder: Recorder, tape: Tape, model: nn.Module, x: torch.Tensor, first: bool = True):
+    """What launch/hooks.py does around a model call: its tensors bound, the recorder off inside it."""
+    if first:
+        tape.first_inputs((x,), {})
+    entry = tape.model_call((), {}) if first else tape.model_call((x,), {})
+    recorder.suspend()
+    out = model(x)
+    recorder.resume()
+    tape.returned(entry, out)
+    return out
+
+
+def test_the_loss_code_is_recorded_and_replayed_bit_for_bit(recorder):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, 0])
+    tape = recorder.tape = Tape(first_form="single")
+    logits = forward(recorder, tape, model, x)
+    loss = nn.functional.cross_entropy(logits * 2.0, y) / 4
+    recorder.tape = None
+    tape.close((loss,), {})
+    assert [getattr(e.func, "__name__", e.func) for e in tape.entries] == ["model", "mul", "cross_entropy", "div"]
+    y[0] = 2  # the script reuses its target buffer: the small tensor was cloned when first used
+    args, kwargs = call_arguments(x.clone(), tape.first_form)
+    values = tape.replay(model, args, kwargs)
+    (replayed,), _ = tape.backward_args(values)
+    assert torch.equal(replayed[0] if isinstance(replayed, tuple) else replayed, loss)
+    assert tape.entries[2].location is not None and tape.entries[2].location[0].endswith("test_tape.py")
+
+
+def test_a_second_forward_and_a_grad_with_respect_to_the_input_are_replayed(recorder):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    x = torch.randn(2, 3, requires_grad=True)
+    tape = recorder.tape = Tape(first_form="single")
+    a = forward(recorder, tape, model, x)
+    b = forward(recorder, tape, model, x * 2, first=False)
+    (g,) = torch.autograd.grad(a.sum(), x, create_graph=True)
+    loss = (a - b).pow(2).mean() + g.pow(2).sum()
+    recorder.tape = None
+    tape.close((loss,), {})
+    values = tape.replay(model, (x.detach().clone(),), {})
+    (replayed,), _ = tape.backward_args(values)
+    assert torch.equal(replayed, loss) and replayed.requires_grad
+
+
+def test_an_outside_tensor_changed_in_place_since_is_not_replayable(recorder):
+    model = nn.Linear(4, 1)
+    big = torch.ones(70_000)  # past the clone limit: kept with its version counter
+    tape = recorder.tape = Tape(first_form="single")
+    out = forward(recorder, tape, model, torch.ones(2, 4))
+    loss = out.sum() + big[:2].sum()
+    recorder.tape = None
+    tape.close((loss,), {})
+    big.add_(1)
+    with pytest.raises(NotReplayable, match=r"changed a \(70000,\) tensor in place after using it"):
+        tape.replay(model, (torch.ones(2, 4),), {})
+
+
+def test_a_tensor_with_a_graph_from_outside_the_tape_makes_it_unreplayable(recorder):
+    model = nn.Linear(4, 4)
+    stash = model(torch.ones(1, 4))  # e.g. an activation a hook kept: its graph was made outside the tape
+    tape = recorder.tape = Tape(first_form="single")
+    out = forward(recorder, tape, model, torch.ones(2, 4))
+    loss = (out + stash).sum()
+    recorder.tape = None
+    tape.close((loss,), {})
+    assert "computed by AddmmBackward0 outside the recorded calls" in tape.unreplayable
+    with pytest.raises(NotReplayable):
+        tape.replay(model, (torch.ones(2, 4),), {})
+
+
+def test_nothing_is_recorded_without_a_tape_or_inside_the_model(recorder):
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    x = (torch.ones(1, 2) * 2)  # no tape open: passed through
+    tape = recorder.tape = Tape(first_form="single")
+    out = forward(recorder, tape, model, x)
+    assert out.shape == (1, 1) and out.dim() == 2  # a shape is no tensor: not recorded
+    recorder.tape = None
+    assert [e.func for e in tape.entries] == ["model"]
