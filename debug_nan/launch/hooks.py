@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from debug_nan.checks.module_hooks import ModuleHook
 from debug_nan.errors import InputError
 
 
@@ -95,6 +96,8 @@ class Hooks:
         self.scaler = None
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
         self._handles: list = []
+        # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
+        self._forward_pre_hook = ModuleHook(self.forward_pre, compiled="eager")
         self._patched: list[tuple[object, str, object]] = []
 
     # -- install / uninstall -----------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ class Hooks:
             self.other_optimizers.append(weakref.ref(optimizer))
             return
         for module in owners(optimizer):
-            self._handles.append(module.register_forward_pre_hook(self.forward_pre, with_kwargs=True))
+            self._handles.append(module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True))
         self.other_optimizers.append(weakref.ref(optimizer))
 
     def forward_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
