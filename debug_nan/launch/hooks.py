@@ -17,7 +17,9 @@ values: the hot path is one Python check per module call and per backward.
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import threading
 import weakref
 from typing import Protocol
 
@@ -37,6 +39,24 @@ class RunStopped(BaseException):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class StoppedInThread(RunStopped):
+    """The stop of a hook in another thread, raised in the main thread: that thread's stop ends only that thread,
+    while the main thread (joining it, or running on) is the script. Raised asynchronously, as a class (what
+    PyThreadState_SetAsyncExc takes): `reason` is the stop's (set before it is raised)."""
+
+    last_reason = "trip"
+
+    def __init__(self):
+        super().__init__(StoppedInThread.last_reason)
+
+
+def stop_main_thread(stop: RunStopped) -> None:
+    """Raise StoppedInThread in the main thread as soon as it runs Python code (when a join() returns)."""
+    StoppedInThread.last_reason = stop.reason
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
+                                               ctypes.py_object(StoppedInThread))
 
 
 class Listener(Protocol):
@@ -63,6 +83,16 @@ def batch_of(args: tuple, kwargs: dict):
     if not kwargs:
         return args[0] if len(args) == 1 else list(args)
     return {"args": list(args), **kwargs}
+
+
+def loss_of(tensors) -> torch.Tensor:
+    """The loss of a backward call: its tensor, or for several scalar ones (backward([a, b]) back-propagates
+    a + b) their sum in float64, non-finite exactly when one of them is (no overflow of finite losses)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) > 1 and all(t.numel() == 1 for t in tensors):
+        return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).sum()
+    return tensors[0]
 
 
 def owners(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
@@ -127,10 +157,17 @@ class Hooks:
             update(scaler, *args, **kwargs)
             hooks.updated()
 
+        def thread_excepthook(args, original=threading.excepthook):
+            if isinstance(args.exc_value, RunStopped):  # a stop in a training thread stops the script, quietly
+                stop_main_thread(args.exc_value)
+            else:
+                original(args)
+
         self._patch(torch.optim.Optimizer, "__init__", optimizer_init)
         self._patch(torch.autograd, "backward", autograd_backward)
         self._patch(torch.amp.GradScaler, "scale", scaler_scale)
         self._patch(torch.amp.GradScaler, "update", scaler_update)
+        self._patch(threading, "excepthook", thread_excepthook)
         self._handles += [register_optimizer_step_pre_hook(self.step_pre),
                           register_optimizer_step_post_hook(self.step_post)]
 
@@ -177,14 +214,17 @@ class Hooks:
     def backward(self, original, tensors, *args, **kwargs):
         if not self.open or self.in_backward:
             return original(tensors, *args, **kwargs)
-        loss = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
+        loss = loss_of(tensors)
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:
             loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
         self.in_backward = True
         try:
             self.listener.backward_begin(loss.detach(), self.step, self.micro)
-            result = original(tensors, *args, **kwargs)
+            # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
+            # reports it (the trip stops the script at this backward all the same)
+            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+                result = original(tensors, *args, **kwargs)
         finally:
             self.in_backward = False
         self.open = False
