@@ -1,15 +1,16 @@
 """The cost of `debug-nan run` on a user's own training loop: the same script, plain and through `run`.
 
     python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 16]
-                                [--repeats 5] [--accumulate 1] [--threads 1] [--json out.json]
+                                [--repeats 5] [--accumulate 1] [--threads 1] [--compile] [--json out.json]
 
 The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
 download), which times its own optimizer steps after --warmup (start-up and the first steps excluded) and prints
-the median ms per step. Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run -- python
-bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
-ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
-(CPU time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps
-measure every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
+the median ms per step (--compile: the model through torch.compile, compiled within the warmup). Each pair runs
+`python bench_run.py --as-user ...` and `python -m debug_nan run -- python bench_run.py --as-user ...` as fresh
+processes, alternately (plain first in even pairs, watched first in odd ones). Reported: the median ms per step of
+each, and the medians of the per-pair ratios of wall and CPU time (CPU time: steadier on a shared machine). The
+default --warmup 16 times the steady state: a run's first 16 steps measure every module output, later ones on the
+CPU on a stride (debug_nan/train/output_schedule.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def as_user(a) -> None:
                                        num_attention_heads=max(1, a.hidden // 32), intermediate_size=4 * a.hidden,
                                        max_position_embeddings=a.seq))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if a.compile:
+        model = torch.compile(model)
     g = torch.Generator().manual_seed(0)
     times, cpu = [], []
     for step in range(a.warmup + a.steps):
@@ -69,12 +72,13 @@ def main() -> None:
                           ("warmup", 16), ("accumulate", 1), ("threads", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.as_user:
         return as_user(a)
     a.user_args = [f"--{k}={getattr(a, k)}" for k in ("hidden", "layers", "seq", "batch", "steps", "warmup",
-                                                      "accumulate", "threads")]
+                                                      "accumulate", "threads")] + ["--compile"] * a.compile
     plain, watched, ratios, cpu_ratios = [], [], [], []
     for r in range(a.repeats):
         pair = {}
