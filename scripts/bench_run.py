@@ -1,17 +1,18 @@
 """The cost of `debug-nan run` on a user's own training loop: the same script, plain and through `run`.
 
     python scripts/bench_run.py [--hidden 128 --layers 4 --seq 128 --batch 8] [--steps 30 --warmup 16]
-                                [--repeats 5] [--accumulate 1] [--threads 1] [--json out.json]
+                                [--repeats 5] [--accumulate 1] [--threads 1] [--compile] [--json out.json]
     python scripts/bench_run.py --model gpt2 --device cuda     # a bench_models preset (its own batch and seq)
 
 The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
 download), or over a scripts/bench_models.py preset (--model deep|gpt2|tiny: no transformers import), on --device,
 which times its own optimizer steps after --warmup (start-up and the first steps excluded; on CUDA the device is
-synchronised around each step) and prints the median ms per step. Each pair runs `python bench_run.py --as-user
-...` and `python -m debug_nan run -- python bench_run.py --as-user ...` as fresh processes, alternately (plain
-first in even pairs, watched first in odd ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time
-(CPU time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps
-measure every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
+synchronised around each step) and prints the median ms per step (--compile: the model through torch.compile,
+compiled within the warmup). Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run --
+python bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
+ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time (CPU
+time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps measure
+every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def as_user(a) -> None:
     torch.set_num_threads(a.threads)
     model, next_loss = user_model(a)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if a.compile:
+        model = torch.compile(model)
     g = torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     times, cpu = [], []
@@ -102,12 +105,13 @@ def main() -> None:
                    help="BertForMaskedLM at --hidden/--layers/--seq/--batch, or a bench_models preset")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N [default: cpu]")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compile", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.as_user:
         return as_user(a)
     a.user_args = [f"--{k}={getattr(a, k)}" for k in ("model", "device", "hidden", "layers", "seq", "batch", "steps",
-                                                      "warmup", "accumulate", "threads")]
+                                                      "warmup", "accumulate", "threads")] + ["--compile"] * a.compile
     plain, watched, ratios, cpu_ratios = [], [], [], []
     for r in range(a.repeats):
         pair = {}

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
+from debug_nan.checks.module_hooks import ModuleHook
 from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums, sum_plan
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.phase_codes import NORM_KINDS as _NORM_KINDS, device_code, host_code
@@ -77,6 +78,7 @@ class Watch:
         self.exact_grad_norms = False  # True: torch's own norms, bit for bit (the Trainer's clipping reuses them)
         self._detailed = False  # trace-every-step: full statistics per module output (syncs per layer)
         self._handles: list = []
+        self._on_output_hook = ModuleHook(self._on_output)  # one object: not copied with the model, not compiled
         self._state_key: list[int] | None = None
         self._named_cache: tuple[list[str], list[torch.Tensor]] = ([], [])
         self._sum_plan: list[int] = []
@@ -126,7 +128,7 @@ class Watch:
             self._handles = []
         if on and not self._handles:
             modules = self.module_names if self._detailed else self.hooked
-            self._handles = [m.register_forward_hook(self._on_output) for m in modules]
+            self._handles = [m.register_forward_hook(self._on_output_hook) for m in modules]
 
     @contextmanager
     def paused(self):

@@ -19,7 +19,9 @@ outside the model's forward and the optimizer step.
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import threading
 import weakref
 from typing import Protocol
 
@@ -30,6 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from contextlib import contextmanager
 
+from debug_nan.checks.module_hooks import ModuleHook
 from debug_nan.errors import InputError
 from debug_nan.frames import user_location
 from debug_nan.launch.tape import MODEL, Recorder, Tape, batch_form
@@ -42,6 +45,24 @@ class RunStopped(BaseException):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class StoppedInThread(RunStopped):
+    """The stop of a hook in another thread, raised in the main thread: that thread's stop ends only that thread,
+    while the main thread (joining it, or running on) is the script. Raised asynchronously, as a class (what
+    PyThreadState_SetAsyncExc takes): `reason` is the stop's (set before it is raised)."""
+
+    last_reason = "trip"
+
+    def __init__(self):
+        super().__init__(StoppedInThread.last_reason)
+
+
+def stop_main_thread(stop: RunStopped) -> None:
+    """Raise StoppedInThread in the main thread as soon as it runs Python code (when a join() returns)."""
+    StoppedInThread.last_reason = stop.reason
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
+                                               ctypes.py_object(StoppedInThread))
 
 
 class Listener(Protocol):
@@ -74,6 +95,16 @@ def batch_of(args: tuple, kwargs: dict):
     if not kwargs:
         return args[0] if len(args) == 1 else list(args)
     return {"args": list(args), **kwargs}
+
+
+def loss_of(tensors) -> torch.Tensor:
+    """The loss of a backward call: its tensor, or for several scalar ones (backward([a, b]) back-propagates
+    a + b) their sum in float64, non-finite exactly when one of them is (no overflow of finite losses)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) > 1 and all(t.numel() == 1 for t in tensors):
+        return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).sum()
+    return tensors[0]
 
 
 def owners(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
@@ -110,6 +141,9 @@ class Hooks:
         self._calls: list = []  # per model call under way: its tape entry (or None)
         self._in_step = False  # inside an optimizer's own math (the recorder is off)
         self._handles: list = []
+        # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
+        self._forward_pre_hook = ModuleHook(self.forward_pre, compiled="eager")
+        self._forward_post_hook = ModuleHook(self.forward_post, compiled="eager")
         self._patched: list[tuple[object, str, object]] = []
 
     # -- install / uninstall -----------------------------------------------------------------------------------
@@ -139,10 +173,17 @@ class Hooks:
             update(scaler, *args, **kwargs)
             hooks.updated()
 
+        def thread_excepthook(args, original=threading.excepthook):
+            if isinstance(args.exc_value, RunStopped):  # a stop in a training thread stops the script, quietly
+                stop_main_thread(args.exc_value)
+            else:
+                original(args)
+
         self._patch(torch.optim.Optimizer, "__init__", optimizer_init)
         self._patch(torch.autograd, "backward", autograd_backward)
         self._patch(torch.amp.GradScaler, "scale", scaler_scale)
         self._patch(torch.amp.GradScaler, "update", scaler_update)
+        self._patch(threading, "excepthook", thread_excepthook)
         if torch.distributed.is_available():
             destroy = torch.distributed.destroy_process_group
 
@@ -171,8 +212,9 @@ class Hooks:
             self.other_optimizers.append(weakref.ref(optimizer))
             return
         for module in owners(optimizer):
-            self._handles += [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
-                              module.register_forward_hook(self.forward_post, with_kwargs=True, always_call=True)]
+            self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
+                              module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
+                                                           always_call=True)]
         self.other_optimizers.append(weakref.ref(optimizer))
 
     @contextmanager
@@ -241,14 +283,17 @@ class Hooks:
         tape, self.recorder.tape = self.recorder.tape, None
         if tape is not None:
             tape.close((tensors, *args), kwargs)
-        loss = tensors if isinstance(tensors, torch.Tensor) else tensors[0]
+        loss = loss_of(tensors)
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:
             loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
         self.in_backward = True
         try:
             self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
-            result = original(tensors, *args, **kwargs)
+            # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
+            # reports it (the trip stops the script at this backward all the same)
+            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+                result = original(tensors, *args, **kwargs)
         finally:
             self.in_backward = False
         self.open = False

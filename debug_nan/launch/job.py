@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from debug_nan.errors import InputError, describe_exception
+from debug_nan.frames import frame_kind, short_path
 from debug_nan.integrations.outputs import Outputs, run_settings
 from debug_nan.launch import command as commands
 from debug_nan.launch import paths
@@ -118,6 +119,29 @@ def _script_traceback(exc: BaseException) -> None:
     sys.stderr.write("".join(report.format()))
 
 
+def _ours(exc: BaseException) -> str | None:
+    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code (its innermost frame outside
+    the standard library and torch is debug-nan's, not the script's): debug-nan failed, not the script."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        kind = frame_kind(frame.filename)
+        if kind in ("torch", "plumbing") or frame.filename.startswith((os.path.dirname(os.__file__), "<frozen")):
+            continue
+        return f"{short_path(frame.filename)}:{frame.lineno}" if kind == "tool" else None
+    return None
+
+
+def _blame(exc: BaseException, clause: str) -> str:
+    """The line that says whose error it is: the script's (its traceback as Python prints it) or debug-nan's own
+    (the whole traceback, for a bug report)."""
+    where = _ours(exc)
+    if where is None:
+        _script_traceback(exc)
+        return f"the command raised {describe_exception(exc)}{clause}"
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return (f"debug-nan itself failed inside the command ({type(exc).__name__}: {exc}, at {where}): a bug in "
+            f"debug-nan, not an error in the script; please report it with the traceback above")
+
+
 def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
@@ -179,14 +203,13 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
-            _script_traceback(error)
-            raise InputError(f"the command raised {describe_exception(error)} before any training step (no "
-                             f"forward of a model whose parameters an optimizer owns, then backward, had run).")
+            raise InputError(_blame(error, " before any training step (no forward of a model whose "
+                                    "parameters an optimizer owns, then backward, had run)") + ".")
         raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
-    if error is not None and not m.stopped and hooks.open:
+    if error is not None and not m.stopped and hooks.open and _ours(error) is None:  # (debug-nan's own: no trip)
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
         except KeyboardInterrupt as exc:
@@ -195,12 +218,14 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     elif not m.stopped and interrupted is None and error is None:
         m.finish()
     if error is not None and not m.findings:
-        _script_traceback(error)
-        log(error_line(f"the command raised {describe_exception(error)}; the watch saw no NaN/Inf before it, so "
-                       f"this is an error in the script, not a numerical one."), "red")
+        said = _blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
+                           "a numerical one")
+        log(error_line(said + "."), "red")
     m.close()
     if error is not None and m.error is None and not m.findings:
-        m.error = describe_exception(error)
+        where = _ours(error)
+        m.error = (describe_exception(error) if where is None
+                   else f"debug-nan failed: {type(error).__name__}: {error} (at {where})")
     settings = m.s
     settings.max_steps = max(1, m.steps_run)
 

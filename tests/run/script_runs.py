@@ -1,0 +1,26 @@
+"""A small script, written by a test, run alone and through `debug-nan run` in fresh processes."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import run_process
+
+
+def write(tmp_path: Path, source: str, name: str = "script.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def alone(script: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], cwd=script.parent, capture_output=True, text=True,
+                          timeout=300)
+
+
+def watched(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    report = script.parent / "run.json"
+    done = run_process("run", "--report", str(report), "--", "python", str(script), *args, cwd=script.parent)
+    return done, json.loads(report.read_text()) if report.exists() else None
