@@ -110,7 +110,7 @@ def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Modul
     return Finding(step=step, micro_step=micro, phase=phase, module=module, module_type=module_type(model, module),
                    op=None, kind="nan" if math.isnan(check.value) else "inf", cause=Cause.UNKNOWN,
                    explanation=explanation, source=None, suggestions=list(SUGGESTIONS[Cause.UNKNOWN]),
-                   sample_ids=sample_ids(raw), watch=f"{check.kind} `{check.name}` = {check.value}",
+                   sample_ids=sample_ids(raw), watch=f"{check.kind} `{check.name or '<loss>'}` = {check.value}",
                    detected_by="watch")
 
 

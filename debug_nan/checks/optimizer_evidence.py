@@ -49,6 +49,12 @@ def optimizer_explanation(optimizer, hyper: StepHyperparameters | None, param, w
                           evidence: str) -> tuple[str, list[str] | None]:
     """(explanation, suggestions that replace the cause's, or None) for an origin in `optimizer`'s step that made
     `what` (a parameter or state, by name) non-finite; `param` is that parameter (None when unknown)."""
+    if optimizer is None:  # a loop that updates the weights by hand
+        return (f"The training loop's own update (no torch.optim optimizer) made {what} non-finite although every "
+                f"gradient going in was finite: {evidence}. The source line is the update's.",
+                ["Check the step size and every factor of the hand-written update at that line (a learning rate or "
+                 "a schedule gone non-finite, a division by a norm or a count that is 0), or use a torch.optim "
+                 "optimizer."])
     kind = type(optimizer).__name__
     if hyper is None:  # no record of the step's values: the groups as they are now
         hyper = read_hyperparameters(optimizer)
@@ -64,10 +70,20 @@ def optimizer_explanation(optimizer, hyper: StepHyperparameters | None, param, w
     explanation = (f"The learning rate is {lr} in optimizer.param_groups[{index}] (optimizer.defaults still says "
                    f"{optimizer.defaults.get('lr')}): {by}, and the {kind} step multiplied every update by it, so "
                    f"{what} became non-finite although every gradient going in was finite. The op: {evidence}")
+    if hyper.scheduler is None:  # the loop sets the lr itself: its own formula is the suspect
+        suggestions = [
+            f"Find the code that writes optimizer.param_groups[{index}]['lr'] (no torch.optim.lr_scheduler is "
+            f"attached, so the training loop sets it itself): print the value it computes for the last steps; it "
+            f"must stay finite for every step the run takes.",
+            "A formula such as (1 - step / max_steps) ** power past max_steps raises a negative number to a "
+            "fractional power (NaN), and a division by a step count or a warmup length of 0 gives inf: clamp the "
+            "progress to [0, 1] and guard the denominators.",
+        ]
+        return explanation, suggestions
     suggestions = [
-        f"Fix the schedule{f' ({hyper.scheduler})' if hyper.scheduler else ''}: it must stay finite for every step "
-        f"the run takes. A poly schedule (1 - step / max_steps) ** power past max_steps raises a negative number to "
-        f"a fractional power (NaN): clamp the progress to [0, 1], or set max_steps to the real number of steps.",
+        f"Fix the schedule ({hyper.scheduler}): it must stay finite for every step the run takes. A poly schedule "
+        f"(1 - step / max_steps) ** power past max_steps raises a negative number to a fractional power (NaN): "
+        f"clamp the progress to [0, 1], or set max_steps to the real number of steps.",
         "Print scheduler.get_last_lr() for the last steps to see where it left the finite range.",
     ]
     return explanation, suggestions

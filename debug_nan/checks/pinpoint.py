@@ -14,6 +14,7 @@ own param_groups (optimizer_evidence.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -85,7 +86,8 @@ class Pinpointer:
                         tracer.phase_override = Phase.OPTIMIZER  # the lr this step uses, before its schedule step:
                         if inputs.step_groups is not None:
                             put_groups(d.optimizer, inputs.step_groups)
-                        self._hyper = read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
+                        self._hyper = (read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
+                                       if d.optimizer is not None else None)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
                         d.optimizer_step(inputs.update)
@@ -323,6 +325,10 @@ class Pinpointer:
                             f"multiplies it by 0 and 0 * inf = NaN.")
         module, kind_of_module = event.module, event.module_type
         if event.phase == Phase.OPTIMIZER:
+            bad = {k: v for k, v in event.scalars.items() if isinstance(v, float) and not math.isfinite(v)}
+            if bad and self.driver.optimizer is None:  # a hand-written update's step size is itself non-finite
+                explanation = (f"{event.op} was called with {', '.join(f'{k}={v}' for k, v in bad.items())}: the "
+                               f"step size the loop computed is not finite")
             param, explanation, replaced = self._optimizer_explanation(reached or [], explanation)
             suggestions = replaced or suggestions
             module = param.rsplit(".", 1)[0] if param and "." in param else ""

@@ -5,7 +5,8 @@ and every existing comparison keep working, while a typo in code becomes an Attr
 mismatch. A new cause is declared here (with its suggestions in causes/wording.py and its rule in causes/).
 
 Advice is written once, in the CLI's words (its flags). An entry point whose user cannot pass a flag (the Python
-API, the Lightning and HF callbacks) gets the same advice in its own words: `adapt_advice(finding, dialect)`.
+API, the Lightning and HF callbacks, a script under `debug-nan run`) gets the same advice in its own words:
+`adapt_advice(finding, dialect)`.
 """
 
 from __future__ import annotations
@@ -49,20 +50,27 @@ class Cause(str, Enum):
 PHASE_OF_KIND = {"param": Phase.OPTIMIZER.value, "data": Phase.DATA.value, "forward": Phase.FORWARD.value,
                  "loss": Phase.LOSS.value, "loss_part": Phase.LOSS.value, "grad": Phase.BACKWARD.value}
 
-DIALECTS = ("cli", "api", "lightning", "hf")
+DIALECTS = ("cli", "api", "lightning", "hf", "script")
 # a CLI flag -> what a user of each other entry point sets instead
 _FLAG_WORDS = {
     "--max-grad-norm": {"api": "torch.nn.utils.clip_grad_norm_ before optimizer.step()",
-                        "lightning": "Trainer(gradient_clip_val=...)", "hf": "TrainingArguments(max_grad_norm=...)"},
+                        "lightning": "Trainer(gradient_clip_val=...)", "hf": "TrainingArguments(max_grad_norm=...)",
+                        "script": "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) in your loop, "
+                                  "between backward() and optimizer.step()"},
     "--trace-every-step": {"api": "Monitor(..., detailed=True)", "lightning": "a debug_nan.Monitor(detailed=True) "
-                           "around the step", "hf": "a debug_nan.Monitor(detailed=True) around the step"},
+                           "around the step", "hf": "a debug_nan.Monitor(detailed=True) around the step",
+                           "script": "the per-layer history in this log (every module output is measured in a "
+                                     "run's first 16 steps)"},
     "--explosion-threshold": {"api": "Monitor(explosion_threshold=...)",
                               "lightning": "DebugNaNCallback(explosion_threshold=...)",
-                              "hf": "DebugNaNCallback(explosion_threshold=...)"},
+                              "hf": "DebugNaNCallback(explosion_threshold=...)",
+                              "script": "debug-nan run --explosion-threshold"},
     "--precision bf16": {"api": "torch.autocast(dtype=torch.bfloat16)", "lightning": "Trainer(precision='bf16-mixed')",
-                         "hf": "TrainingArguments(bf16=True)"},
+                         "hf": "TrainingArguments(bf16=True)",
+                         "script": "torch.autocast(device_type, dtype=torch.bfloat16) around your forward and loss"},
     "--warmup-steps": {"api": "a warmup schedule", "lightning": "a warmup schedule in configure_optimizers",
-                       "hf": "TrainingArguments(warmup_steps=...)"},
+                       "hf": "TrainingArguments(warmup_steps=...)",
+                       "script": "a warmup schedule in your script (e.g. torch.optim.lr_scheduler.LinearLR)"},
 }
 # a flag and the value it was shown with ("--max-grad-norm 1.0"); longer flags first ("--precision bf16")
 _FLAGS = re.compile("(?P<flag>" + "|".join(re.escape(f) for f in sorted(_FLAG_WORDS, key=len, reverse=True))

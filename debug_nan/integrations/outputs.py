@@ -66,8 +66,10 @@ class Outputs:
         optimizer = monitor.optimizer
         result = RunResult(status="clean", steps_run=monitor.steps_run, findings=list(monitor.findings),
                            history=monitor.history, notes=list(monitor.notes), interrupted=interrupted,
-                           recipe={"optimizer": type(optimizer).__name__,
-                                   "lr": optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]),
+                           recipe={"optimizer": type(optimizer).__name__ if optimizer is not None else
+                                   "the script's own update",
+                                   "lr": optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])
+                                   if optimizer is not None else None,
                                    "max_grad_norm": settings.max_grad_norm,
                                    "from": {"optimizer": integration["framework"]}})
         result.finding = result.findings[0] if result.findings else None
@@ -125,7 +127,7 @@ def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accum
                  outputs_every: int | None = None) -> RunSettings:
     """The framework's recipe in the CLI's settings (the report's `settings`, and a bundle's, so that
     `debug-nan replay BUNDLE` rebuilds the same step from `task`)."""
-    group = optimizer.param_groups[0]
+    group = optimizer.param_groups[0] if optimizer is not None else {"lr": 0.0}  # (None: a hand-written update)
     return RunSettings(task=task, device=str(device), max_steps=max(1, max_steps),
                        gradient_accumulation_steps=accumulation, lr=float(group["lr"]),
                        weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,

@@ -19,50 +19,23 @@ outside the model's forward and the optimizer step.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import threading
 import weakref
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-from contextlib import contextmanager
 
 from debug_nan.checks.module_hooks import ModuleHook
 from debug_nan.errors import InputError
 from debug_nan.frames import user_location
-from debug_nan.launch.tape import MODEL, Recorder, Tape, batch_form
+from debug_nan.launch.model_calls import bare, batch_of, loss_of, owners
+from debug_nan.launch.stops import RunStopped, stop_main_thread
+from debug_nan.launch.tape import Recorder, Tape, batch_form
 
-
-class RunStopped(BaseException):
-    """Ends the user's script from inside a hook: a BaseException, so `try/except Exception` in the script does
-    not swallow it. `reason`: "trip", "max-steps", "error"."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class StoppedInThread(RunStopped):
-    """The stop of a hook in another thread, raised in the main thread: that thread's stop ends only that thread,
-    while the main thread (joining it, or running on) is the script. Raised asynchronously, as a class (what
-    PyThreadState_SetAsyncExc takes): `reason` is the stop's (set before it is raised)."""
-
-    last_reason = "trip"
-
-    def __init__(self):
-        super().__init__(StoppedInThread.last_reason)
-
-
-def stop_main_thread(stop: RunStopped) -> None:
-    """Raise StoppedInThread in the main thread as soon as it runs Python code (when a join() returns)."""
-    StoppedInThread.last_reason = stop.reason
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.main_thread().ident),
-                                               ctypes.py_object(StoppedInThread))
+__all__ = ["Hooks", "Listener", "RunStopped"]
 
 
 class Listener(Protocol):
@@ -73,52 +46,6 @@ class Listener(Protocol):
     def step_begin(self, step: int, update: Tape | None) -> None: ...
     def step_end(self, step: int, skipped: bool) -> None: ...
     def training_ends(self) -> None: ...
-
-
-def bare(module: nn.Module) -> nn.Module:
-    """The user's module inside a DDP / DataParallel wrapper and a torch.compile wrapper (the watch names modules
-    as the user wrote them; the replay runs the eager module under the tracer)."""
-    while True:
-        if isinstance(module, (DistributedDataParallel, nn.DataParallel)):
-            module = module.module
-        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            module = module._orig_mod
-        else:
-            return module
-
-
-def batch_of(args: tuple, kwargs: dict):
-    """A forward call's arguments as one batch: the single argument, the keyword arguments (HF models), a list
-    of the positional ones, or {"args": [...], **kwargs} when both are given."""
-    if kwargs and not args:
-        return dict(kwargs)
-    if not kwargs:
-        return args[0] if len(args) == 1 else list(args)
-    return {"args": list(args), **kwargs}
-
-
-def loss_of(tensors) -> torch.Tensor:
-    """The loss of a backward call: its tensor, or for several scalar ones (backward([a, b]) back-propagates
-    a + b) their sum in float64, non-finite exactly when one of them is (no overflow of finite losses)."""
-    if isinstance(tensors, torch.Tensor):
-        return tensors
-    if len(tensors) > 1 and all(t.numel() == 1 for t in tensors):
-        return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).sum()
-    return tensors[0]
-
-
-def owners(optimizer: torch.optim.Optimizer) -> list[nn.Module]:
-    """Every module that owns all the optimizer's parameters (a model, its DDP wrapper, a LightningModule)."""
-    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    if not wanted:
-        return []
-    found = []
-    for obj in gc.get_objects():  # type(), not isinstance(): some lazy objects warn when __class__ is read
-        if issubclass(type(obj), nn.Module) and not issubclass(type(obj), torch.jit.ScriptModule):
-            ids = {id(p) for p in obj.parameters()}
-            if wanted <= ids:
-                found.append(obj)
-    return found
 
 
 class Hooks:
@@ -137,9 +64,13 @@ class Hooks:
         self.scaler = None
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
         self.recorder = Recorder()  # the tapes of the script's own code (launch/tape.py)
+        self.schedulers: list[weakref.ref] = []  # the LR schedulers the script created
+        self.outputs: list = []  # the open micro-batch's model outputs (a script may give up on them)
         self.is_paused = False  # a replay runs: its forwards, backwards and steps are not the run's
         self._calls: list = []  # per model call under way: its tape entry (or None)
         self._in_step = False  # inside an optimizer's own math (the recorder is off)
+        self.manual = self.manual_tried = False  # a loop that updates the weights by hand (no optimizer)
+        self.backward_since_open = False
         self._handles: list = []
         # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
         self._forward_pre_hook = ModuleHook(self.forward_pre, compiled="eager")
@@ -159,6 +90,12 @@ class Hooks:
         def optimizer_init(optimizer, *args, **kwargs):
             init(optimizer, *args, **kwargs)
             hooks.created(optimizer)
+
+        scheduler_init = torch.optim.lr_scheduler.LRScheduler.__init__
+
+        def lr_scheduler_init(scheduler, *args, **kwargs):
+            scheduler_init(scheduler, *args, **kwargs)
+            hooks.schedulers.append(weakref.ref(scheduler))
 
         def autograd_backward(tensors, *args, **kwargs):
             return hooks.backward(backward, tensors, *args, **kwargs)
@@ -180,6 +117,7 @@ class Hooks:
                 original(args)
 
         self._patch(torch.optim.Optimizer, "__init__", optimizer_init)
+        self._patch(torch.optim.lr_scheduler.LRScheduler, "__init__", lr_scheduler_init)
         self._patch(torch.autograd, "backward", autograd_backward)
         self._patch(torch.amp.GradScaler, "scale", scaler_scale)
         self._patch(torch.amp.GradScaler, "update", scaler_update)
@@ -211,11 +149,39 @@ class Hooks:
         if self.root is not None:
             self.other_optimizers.append(weakref.ref(optimizer))
             return
-        for module in owners(optimizer):
+        self._hook_models(owners({id(p) for g in optimizer.param_groups for p in g["params"]}))
+        self.other_optimizers.append(weakref.ref(optimizer))
+
+    def _hook_models(self, modules: list[nn.Module]) -> None:
+        for module in modules:
             self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
                               module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
                                                            always_call=True)]
-        self.other_optimizers.append(weakref.ref(optimizer))
+
+    def _adopt_by_backward(self, tensors) -> None:
+        """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
+        the model is the module that owns every parameter this backward reaches. Watched from its next forward;
+        each forward after a backward then closes a step (the script's own update ran between them)."""
+        self.manual_tried = True
+        reached, todo, seen = set(), [t.grad_fn for t in ([tensors] if isinstance(tensors, torch.Tensor)
+                                                          else tensors) if t.grad_fn is not None], set()
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if hasattr(node, "variable"):  # AccumulateGrad: a leaf, a parameter when the model owns it
+                reached.add(id(node.variable))
+            todo.extend(n for n, _ in node.next_functions)
+        found = owners(reached)
+        if found:
+            self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
+            self._hook_models(found)
+
+    def scheduler_of(self, optimizer):
+        """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
+        live = [r() for r in self.schedulers]
+        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
 
     @contextmanager
     def paused(self):
@@ -253,6 +219,7 @@ class Hooks:
         tape = self.recorder.tape
         if entry is not None and tape is not None:
             tape.returned(entry, output)
+            self.outputs.append(output)  # (alive anyway until the backward, which lets them go)
         self.recorder.resume()
 
     def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -264,13 +231,19 @@ class Hooks:
             live = [r() for r in self.other_optimizers]
             mine = [o for o in live if o is not None
                     and {id(p) for g in o.param_groups for p in g["params"]} <= ids]
-            if not mine:  # its optimizer is gone already: not the training model
+            if not mine and not self.manual:  # its optimizer is gone already: not the training model
                 return
-            self.root, self.optimizer = module, mine[-1]
+            self.root, self.optimizer = module, mine[-1] if mine else None
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
             self.listener.attach(model, self.optimizer)
         elif module is not self.root:
             return
+        if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
+            if self.micro:
+                self.close_manual_step()
+            else:  # the step whose backward found the model: not watched, but counted
+                self.step += 1
+        self.backward_since_open = False
         self.open = True
         self.micro += 1
         self.recorder.tape = Tape(first_form=batch_form(args, kwargs))
@@ -278,9 +251,13 @@ class Hooks:
 
     # -- backward ----------------------------------------------------------------------------------------------
     def backward(self, original, tensors, *args, **kwargs):
+        if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
+                and not any(r() is not None for r in self.other_optimizers):
+            self._adopt_by_backward(tensors)
         if not self.open or self.in_backward or self.is_paused:
             return original(tensors, *args, **kwargs)
         tape, self.recorder.tape = self.recorder.tape, None
+        self.outputs = []
         if tape is not None:
             tape.close((tensors, *args), kwargs)
         loss = loss_of(tensors)
@@ -297,6 +274,7 @@ class Hooks:
         finally:
             self.in_backward = False
         self.open = False
+        self.backward_since_open = True
         self.recorder.tape = Tape(previous=tape)  # the update: what the script does before the optimizer step
         self.listener.backward_end(self.step, self.micro)
         return result
@@ -357,6 +335,14 @@ class Hooks:
         if self._mine(optimizer):
             self.stepped_since_update = True
             self._close_step(skipped=False)
+
+    def close_manual_step(self) -> None:
+        """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or
+        when the command ends."""
+        update, self.recorder.tape = self.recorder.tape, None
+        self.backward_since_open = False
+        self.listener.step_begin(self.step, update)
+        self._close_step(skipped=False)
 
     def updated(self) -> None:
         """GradScaler.update(): a step it skipped (inf gradients) had no optimizer step; it closes here."""

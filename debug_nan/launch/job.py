@@ -67,8 +67,13 @@ class Watching:
             raise RunStopped("error") from None
         self.monitor = RunMonitor(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx)
         count = sum(p.numel() for p in model.parameters())
-        self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
-                 f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
+        if optimizer is None:
+            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "
+                     f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
+                     f"the next forward, where its update is checked")
+        else:
+            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
+                     f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
         if ctx is not None:
             self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "
                      f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
@@ -119,7 +124,7 @@ def _script_traceback(exc: BaseException) -> None:
     sys.stderr.write("".join(report.format()))
 
 
-def _ours(exc: BaseException) -> str | None:
+def _raised_by_us(exc: BaseException) -> str | None:
     """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code (its innermost frame outside
     the standard library and torch is debug-nan's, not the script's): debug-nan failed, not the script."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
@@ -133,7 +138,7 @@ def _ours(exc: BaseException) -> str | None:
 def _blame(exc: BaseException, clause: str) -> str:
     """The line that says whose error it is: the script's (its traceback as Python prints it) or debug-nan's own
     (the whole traceback, for a bug report)."""
-    where = _ours(exc)
+    where = _raised_by_us(exc)
     if where is None:
         _script_traceback(exc)
         return f"the command raised {describe_exception(exc)}{clause}"
@@ -209,21 +214,29 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
-    if error is not None and not m.stopped and hooks.open and _ours(error) is None:  # (debug-nan's own: no trip)
+    if error is not None and not m.stopped and hooks.open and _raised_by_us(error) is None:  # (debug-nan's own: no trip)
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
         except KeyboardInterrupt as exc:
             interrupted = exc
             _keep_interrupted_finding(m, exc)
     elif not m.stopped and interrupted is None and error is None:
-        m.finish()
+        if hooks.open:
+            m.abandoned(code)
+        try:
+            if hooks.manual and hooks.backward_since_open and not m.stopped:
+                hooks.close_manual_step()  # the last hand-written update
+        except RunStopped:
+            pass
+        if not m.stopped:
+            m.finish()
     if error is not None and not m.findings:
         said = _blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
                            "a numerical one")
         log(error_line(said + "."), "red")
     m.close()
     if error is not None and m.error is None and not m.findings:
-        where = _ours(error)
+        where = _raised_by_us(error)
         m.error = (describe_exception(error) if where is None
                    else f"debug-nan failed: {type(error).__name__}: {error} (at {where})")
     settings = m.s

@@ -198,7 +198,7 @@ class Tape:
 
 
 def batch_form(args: tuple, kwargs: dict) -> str:
-    """How a forward's arguments became one batch (hooks.batch_of), to give them back to the model the same way."""
+    """How a forward's arguments became one batch (model_calls.batch_of), to give them back to the model the same way."""
     if kwargs and not args:
         return "kwargs"
     if not kwargs:
@@ -207,7 +207,7 @@ def batch_form(args: tuple, kwargs: dict) -> str:
 
 
 def call_arguments(batch, form: str) -> tuple[tuple, dict]:
-    """The inverse of hooks.batch_of for the recorded `form`."""
+    """The inverse of model_calls.batch_of for the recorded `form`."""
     if form == "kwargs":
         return (), dict(batch)
     if form == "single":

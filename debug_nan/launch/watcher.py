@@ -12,19 +12,22 @@ the explosion check) when the optimizer steps.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten
 
-from debug_nan.checks.driver import NotReplayable
+from debug_nan.checks.driver import NotReplayable, TaskFailure
 from debug_nan.checks.history import History
 from debug_nan.checks.snapshot import schedule_state
+from debug_nan.checks.watch_result import Check
 from debug_nan.frames import replayed_at
 from debug_nan.integrations.session import FrameworkMonitor
 from debug_nan.launch.hooks import Hooks, RunStopped
-from debug_nan.launch.tape import Tape, call_arguments
+from debug_nan.launch.tape import MODEL, Tape, call_arguments
 from debug_nan.train.outcome import MicroOutcome
 from debug_nan.train.session import StepSession
 
@@ -74,9 +77,10 @@ class RunSession(StepSession):
 class RunMonitor(FrameworkMonitor):
     framework = "script"
     session_class = RunSession
+    dialect = "script"  # advice in the words of the user's own loop
 
     def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None):
-        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx)
+        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer))
         self.hooks = hooks
         self.step_open = False
         self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
@@ -111,14 +115,22 @@ class RunMonitor(FrameworkMonitor):
             raise NotReplayable("no record of the script's code for this micro-batch")
         args, kwargs = call_arguments(batch, tape.first_form)
         values = self._values = tape.replay(self.model, args, kwargs)
-        if tape.backward is None:  # the run raised in this micro-batch: it ends where the run's did
-            raise _RaisedHere("the script raised here in the run")
+        if tape.backward is None:  # the run's micro-batch ended before its backward (it raised, or was given up):
+            # the harm to look for is in the model's outputs, as far as the run got
+            self._backward = None
+            outputs = [values[s] for e in tape.entries if e.func is MODEL for s in e.outputs if s is not None]
+            outputs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if not outputs:
+                raise _RaisedHere("the run's micro-batch ended here, before its backward()")
+            return outputs[0], {f"model output {i}": t for i, t in enumerate(outputs[1:], 2)}
         self._backward = tape.backward_args(values)
         tensors = self._backward[0][0]
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         return tensors[0], {f"backward() tensor {i}": t for i, t in enumerate(tensors[1:], 2)}
 
     def backward(self, loss, scaled: bool = True) -> None:
+        if self._backward is None:
+            raise _RaisedHere("the run's micro-batch ended here, before its backward()")
         args, kwargs = self._backward
         torch.autograd.backward(*args, **kwargs)
 
@@ -127,9 +139,10 @@ class RunMonitor(FrameworkMonitor):
         step."""
         if tape is None:
             raise NotReplayable("no record of the script's code before its optimizer step")
-        tape.replay(self.model, (), {}, self._values)
-        with replayed_at(tape.step_location):
-            self.optimizer.step()
+        tape.replay(self.model, (), {}, self._values)  # (a loop with no optimizer: its whole update is here)
+        if self.optimizer is not None:
+            with replayed_at(tape.step_location):
+                self.optimizer.step()
 
     @contextmanager
     def watch_paused(self):
@@ -149,10 +162,40 @@ class RunMonitor(FrameworkMonitor):
 
     def raised(self, error: BaseException) -> None:
         """The script raised inside a micro-batch (before its backward): its partial tape, then the decision."""
-        if self.session.inputs is not None and self.session.inputs.tapes:
-            self.session.inputs.tapes[-1] = self.session.inputs.tapes[-1] or self.hooks.recorder.tape
-        self.hooks.recorder.tape = None
+        self._keep_partial_tape()
         self.end(last=False, error=error)
+
+    def abandoned(self, code: int) -> None:
+        """The command ended (exit `code`) inside a micro-batch, before its backward: the script gave up on it
+        (AAM raises on a NaN in its forward and its CLI exits 1). Where the model's outputs hold NaN/Inf, or the
+        exit is not 0, the micro-batch is replayed as far as the run got: a NaN/Inf born there is the finding; none
+        leaves the run clean with the script's own code (it stopped for reasons of its own)."""
+        reading = _nonfinite_reading(self.hooks.outputs)
+        if (reading is None and code == 0) or self.stopped or self.session.inputs is None \
+                or self.session.p.agreement is not None or not self.watch.enabled:
+            return
+        self._keep_partial_tape()
+        where = f"step {self.session.inputs.step}, micro-batch {self.session.micro}"
+        held = f", and the model's output held {reading}" if reading is not None else ""
+        self.log(f"  [watch] the command ended (exit {code}) in {where} before its backward(){held}: replaying "
+                 f"it to see whether a NaN/Inf was born before the script gave up on it", "yellow")
+        outcome = self.session.end_micro(last=False, error=ScriptGaveUp(
+            f"the command exited with code {code} in this micro-batch, before its backward()"))
+        outcome.check = Check("forward", "<model output>", reading) if reading is not None else None
+        try:
+            finding = self.session.decide(outcome)
+        except TaskFailure:
+            self.log(f"  [pinpoint] no NaN/Inf was born in {where} before the command ended: its exit is its own.")
+            return
+        if finding is not None:
+            self.findings.append(finding)
+            self.session.stop(finding)
+
+    def _keep_partial_tape(self) -> None:
+        inputs = self.session.inputs
+        if inputs is not None and inputs.tapes:
+            inputs.tapes[-1] = inputs.tapes[-1] or self.hooks.recorder.tape
+        self.hooks.recorder.tape = None
 
     def backward_end(self) -> None:
         self.end(last=False)
@@ -185,5 +228,19 @@ class RunMonitor(FrameworkMonitor):
             self.stepped()
 
 
+class ScriptGaveUp(Exception):
+    """The command ended inside a micro-batch, before its backward (an exit, or its own error caught)."""
+
+
 class _RaisedHere(RuntimeError):
-    """The replay reached the point where the run's micro-batch raised (the origin before it is the finding)."""
+    """The replay reached the point where the run's micro-batch ended before its backward (it raised, or the
+    script gave up on it): the origin before it is the finding."""
+
+
+def _nonfinite_reading(outputs: list) -> float | None:
+    """NaN, or +-inf, when a floating tensor of the model's outputs holds one (NaN first), else None (one sync)."""
+    tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.stack([t.isnan().any(), t.isinf().any()]) for t in tensors]).any(0).tolist()
+    return math.nan if flags[0] else math.inf if flags[1] else None

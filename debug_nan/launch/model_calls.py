@@ -1,0 +1,55 @@
+"""Which module of the user's script is the model, and what one of its calls gives (`debug-nan run`)."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def bare(module: nn.Module) -> nn.Module:
+    """The user's module inside a DDP / DataParallel wrapper and a torch.compile wrapper (the watch names modules
+    as the user wrote them; the replay runs the eager module under the tracer)."""
+    while True:
+        if isinstance(module, (DistributedDataParallel, nn.DataParallel)):
+            module = module.module
+        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+            module = module._orig_mod
+        else:
+            return module
+
+
+def batch_of(args: tuple, kwargs: dict):
+    """A forward call's arguments as one batch: the single argument, the keyword arguments (HF models), a list
+    of the positional ones, or {"args": [...], **kwargs} when both are given."""
+    if kwargs and not args:
+        return dict(kwargs)
+    if not kwargs:
+        return args[0] if len(args) == 1 else list(args)
+    return {"args": list(args), **kwargs}
+
+
+def loss_of(tensors) -> torch.Tensor:
+    """The loss of a backward call: its tensor, or for several scalar ones (backward([a, b]) back-propagates
+    a + b) their sum in float64, non-finite exactly when one of them is (no overflow of finite losses)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) > 1 and all(t.numel() == 1 for t in tensors):
+        return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).sum()
+    return tensors[0]
+
+
+def owners(wanted: set[int]) -> list[nn.Module]:
+    """Every module that owns all the parameters whose ids are `wanted` (an optimizer's: a model, its DDP wrapper,
+    a LightningModule)."""
+    if not wanted:
+        return []
+    found = []
+    for obj in gc.get_objects():  # type(), not isinstance(): some lazy objects warn when __class__ is read
+        if issubclass(type(obj), nn.Module) and not issubclass(type(obj), torch.jit.ScriptModule):
+            ids = {id(p) for p in obj.parameters()}
+            if wanted <= ids:
+                found.append(obj)
+    return found
