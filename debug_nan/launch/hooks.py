@@ -70,6 +70,8 @@ class Hooks:
         self._calls: list = []  # per model call under way: its tape entry (or None)
         self._in_step = False  # inside an optimizer's own math (the recorder is off)
         self.manual = self.manual_tried = False  # a loop that updates the weights by hand (no optimizer)
+        self.retired: weakref.WeakSet = weakref.WeakSet()  # optimizers a newer one replaced
+        self.stepped_this_step = False  # the watched optimizer stepped since the step's first micro-batch
         self.backward_since_open = False
         self._handles: list = []
         # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
@@ -243,7 +245,7 @@ class Hooks:
                 self.close_manual_step()
             else:  # the step whose backward found the model: not watched, but counted
                 self.step += 1
-        self.backward_since_open = False
+        self.backward_since_open = self.stepped_this_step = False
         self.open = True
         self.micro += 1
         self.recorder.tape = Tape(first_form=batch_form(args, kwargs))
@@ -283,13 +285,30 @@ class Hooks:
     def _mine(self, optimizer) -> bool:
         if self.optimizer is None or optimizer is self.optimizer:
             return self.optimizer is not None
-        if any(r() is optimizer for r in self.other_optimizers):
+        if self._replaces(optimizer):
+            return True
+        if optimizer in self.retired or any(r() is optimizer for r in self.other_optimizers):
             self.failure = InputError(f"the script steps two optimizers ({type(self.optimizer).__name__} and "
                              f"{type(optimizer).__name__}, e.g. a GAN's generator and discriminator): debug-nan run "
                              f"watches one optimizer and the model that owns its parameters. Use the Python API "
                              f"(debug_nan.Monitor) around one of them instead.")
             raise RunStopped("error")
         return False
+
+    def _replaces(self, optimizer) -> bool:
+        """A newer optimizer of the same model steps while the current one has not stepped in this step: it
+        replaced it (a second training stage). The watch follows the newest; two that both step (a GAN's, or two
+        halves of one model's parameters) stay a usage error."""
+        if optimizer in self.retired or self.stepped_this_step or not any(
+                r() is optimizer for r in self.other_optimizers):
+            return False
+        if not {id(p) for g in optimizer.param_groups for p in g["params"]} <= {id(p) for p in self.root.parameters()}:
+            return False
+        self.retired.add(self.optimizer)
+        self.other_optimizers = [r for r in self.other_optimizers if r() is not optimizer]
+        self.optimizer = optimizer
+        self.listener.follow(optimizer)
+        return True
 
     def step_pre(self, optimizer, args, kwargs):
         """Before an optimizer step: the update's tape ends here, and the optimizer's own ops are not the script's
@@ -333,7 +352,7 @@ class Hooks:
             self.recorder.resume()
             self._in_step = False
         if self._mine(optimizer):
-            self.stepped_since_update = True
+            self.stepped_since_update = self.stepped_this_step = True
             self._close_step(skipped=False)
 
     def close_manual_step(self) -> None:

@@ -97,6 +97,11 @@ class Watching:
     def step_end(self, step: int, skipped: bool) -> None:
         self.monitor.step_end(skipped)
 
+    def follow(self, optimizer) -> None:
+        self.log(f"[debug-nan] the script replaced its optimizer with a new {type(optimizer).__name__} (a new "
+                 f"training stage): watching that one from step {self.monitor.session.steps}")
+        self.monitor.follow(optimizer, self.hooks.scheduler_of(optimizer))
+
     def training_ends(self) -> None:
         """The script destroys its process group: the last update is checked now, agreed on by the ranks."""
         if self.monitor is not None and not self.monitor.stopped:

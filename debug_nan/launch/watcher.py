@@ -102,6 +102,11 @@ class RunMonitor(FrameworkMonitor):
             self.answer_seconds = time.perf_counter() - started
         return finding
 
+    def follow(self, optimizer, scheduler) -> None:
+        """The script replaced its optimizer (a second training stage): the session follows the new one."""
+        self.optimizer = optimizer
+        self.session.follow(optimizer, scheduler)
+
     def adopt_scaler(self, scaler) -> None:
         """The script's GradScaler, known at its first scale(): the gradients' norms are read unscaled."""
         if self.scaler is None and scaler is not None and scaler.is_enabled():

@@ -167,6 +167,24 @@ class StepSession:
             # what measuring outputs costs otherwise)
             self.outputs.stepped(self.watch.hook_seconds, self.watch.hook_calls)
 
+    def follow(self, optimizer, scheduler=None) -> None:
+        """The driver's optimizer was replaced (a second training stage), as its first step begins: the watch reads
+        the new one's state, and the copies start anew with it from the live state."""
+        self.optimizer = self.watch.optimizer = optimizer
+        self.p.scheduler = scheduler
+        self.snapshot = Snapshot(self.model, optimizer, self.scaler, scheduler, self.p.snapshot_mode)
+        current = self.copies.current
+        self.copies = StateCopies(self.snapshot, self.driver, self.watch, self.log, self.p.snapshot_every,
+                                  adaptive=self.device.type == "cpu", distributed=self.p.agreement is not None)
+        if current is not None and self.inputs is current:  # mid-step, before the new optimizer's first update:
+            # the live parameters are this step's start (its buffers as the forward left them)
+            self.copies.current = current
+            self.snapshot.save(live_buffers=True)
+            self.copies.saved = current
+        for inputs in (self.inputs, self.previous):
+            if inputs is not None:
+                inputs.snapshot = self.snapshot
+
     def _read_update(self) -> None:
         if self._unread_update:
             self.watch.watch_params()

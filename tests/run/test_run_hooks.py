@@ -32,6 +32,9 @@ class Recorder:
     def training_ends(self):
         self.events.append(("ends",))
 
+    def follow(self, optimizer):
+        self.events.append(("follow", type(optimizer).__name__))
+
 
 @pytest.fixture
 def hooks():
@@ -102,3 +105,21 @@ def test_a_second_optimizer_stepping_stops_the_script_with_its_reason(hooks):
     with pytest.raises(RunStopped):
         od.step()
     assert "two optimizers (SGD and SGD" in str(h.failure)
+
+
+def test_a_replacing_optimizer_is_followed_and_two_that_both_step_are_refused(hooks):
+    """A second training stage (a new optimizer of the same model, the old one no longer stepping) is followed;
+    an old one that steps again means two optimizers at once (a usage error, as for a GAN)."""
+    h, events = hooks
+    model = torch.nn.Linear(3, 1)
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    first.step()
+    second = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.ones(2, 3)).sum().backward()
+    second.step()
+    assert ("follow", "Adam") in events and h.optimizer is second and events[-1] == ("step_end", 2, False)
+    model(torch.ones(2, 3)).sum().backward()
+    with pytest.raises(RunStopped):
+        first.step()
+    assert "the script steps two optimizers (Adam and SGD" in str(h.failure)
