@@ -22,6 +22,7 @@ Tensors are tracked by identity with weak references: the tape keeps none of the
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -222,13 +223,18 @@ class Recorder(TorchFunctionMode):
     """Writes the torch calls made while a tape is open into it; passes every call through otherwise.
 
     It stays on torch's function-mode stack for the whole command, except inside the model's forward and the
-    optimizer step (`suspend` / `resume`), where the ops are many and none is the script's own code."""
+    optimizer step (`suspend` / `resume`), where the ops are many and none is the script's own code. The stack is
+    per thread: a script that trains in a thread of its own gets the recorder there at its model's first call."""
 
     def __init__(self):
         super().__init__()
         self.tape: Tape | None = None
-        self._pushed = False
-        self.suspended = 0
+        self.installed = False
+        self._here = threading.local()  # this thread's: pushed (on its stack), suspended (nested count)
+
+    @property
+    def suspended(self) -> int:
+        return getattr(self._here, "suspended", 0)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -242,13 +248,18 @@ class Recorder(TorchFunctionMode):
         return out
 
     def install(self) -> None:
-        torch._C._push_on_torch_function_stack(self)
-        self._pushed = True
+        self.installed = True
+        self._push()
 
     def uninstall(self) -> None:
-        if self._pushed and self._on_top():
+        self.installed = False
+        if getattr(self._here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
-        self._pushed = False
+        self._here.pushed = False
+
+    def _push(self) -> None:
+        torch._C._push_on_torch_function_stack(self)
+        self._here.pushed = True
 
     def _on_top(self) -> bool:
         n = torch._C._len_torch_function_stack()
@@ -256,13 +267,14 @@ class Recorder(TorchFunctionMode):
 
     def suspend(self) -> None:
         """Off the stack (entering the model's forward or the optimizer step); nested calls count."""
-        self.suspended += 1
-        if self.suspended == 1 and self._pushed and self._on_top():
+        here = self._here
+        here.suspended = getattr(here, "suspended", 0) + 1
+        if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
-            self._pushed = False
+            here.pushed = False
 
     def resume(self) -> None:
-        self.suspended = max(0, self.suspended - 1)
-        if self.suspended == 0 and not self._pushed:
-            torch._C._push_on_torch_function_stack(self)
-            self._pushed = True
+        here = self._here
+        here.suspended = max(0, getattr(here, "suspended", 0) - 1)
+        if here.suspended == 0 and not getattr(here, "pushed", False) and self.installed:
+            self._push()
