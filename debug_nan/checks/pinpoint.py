@@ -41,6 +41,7 @@ class Pinpointer:
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
         self._hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
         self._nonfinite_outputs: list = []  # module outputs the last replay saw holding NaN/Inf (tracer's)
+        self._loss_harmed = False  # the last replay's loss itself was non-finite
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -97,7 +98,8 @@ class Pinpointer:
                             tracer.mark(t, path, "data")
                         loss, parts = d.replay_loss(batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
-                        if tracer.origin_of(harmed) is None:  # a finite loss: the harm is in the gradients
+                        self._loss_harmed = tracer.origin_of(harmed) is not None
+                        if not self._loss_harmed:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
                             harmed = [p.grad for p in d.model.parameters() if p.grad is not None]
                 except Exception as e:  # the same exception as in the run, usually
@@ -315,7 +317,12 @@ class Pinpointer:
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None, reached: list[str] | None = None) -> Finding:
         cause, explanation, suggestions = diagnose(event, raw)
-        if check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
+        if check is not None and check.kind == "grad" and self._loss_harmed:
+            explanation += (" In the run the loss was finite and only the gradients went non-finite; in this eager "
+                            "replay from the same state the loss itself did: the run's kernels (torch.compile's fused "
+                            "kernels, or a non-deterministic one) computed it otherwise, and the op named is the eager "
+                            "computation's.")
+        elif check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
             related = {event.id} | {e.id for e in event.inf_sources}
             shown = [p or "<model>" for p, ids in self._nonfinite_outputs if ids & related]
             where = (f"The loss stayed finite although module output `{shown[0]}` held the value (it was dropped "

@@ -56,7 +56,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             return TensorStats(shape, dtype, 0, 0, 0, 0, None, None, None, None, None, None)
         mn, mx = int(t.min()), int(t.max())
         return TensorStats(shape, dtype, numel, 0, 0, 0, mn, mx, None, None, float(max(abs(mn), abs(mx))), None)
-    x = t.float()
+    x = t if t.dtype == torch.float64 else t.float()  # (float64 beyond float32's range stays finite)
     nan = int(torch.isnan(x).sum())
     posinf = int(torch.isposinf(x).sum())
     neginf = int(torch.isneginf(x).sum())

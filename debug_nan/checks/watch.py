@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from debug_nan.checks.buffer_watch import BufferWatch
-from debug_nan.checks.module_hooks import ModuleHook
+from debug_nan.checks.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.checks.norms import l2_norms, param_and_state_tensors, stack64, state_sums, sum_plan
 from debug_nan.checks.stats import flat_tensors, tensor_stats
 from debug_nan.checks.phase_codes import NORM_KINDS as _NORM_KINDS, device_code, host_code
@@ -128,6 +128,8 @@ class Watch:
             self._handles = []
         if on and not self._handles:
             modules = self.module_names if self._detailed else self.hooked
+            for m in modules:
+                keep_out_of_copies(m)
             self._handles = [m.register_forward_hook(self._on_output_hook) for m in modules]
 
     @contextmanager

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.checks.module_hooks import ModuleHook
+from debug_nan.checks.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
 from debug_nan.frames import user_location
 from debug_nan.launch.model_calls import bare, batch_of, loss_of, owners
@@ -156,6 +156,7 @@ class Hooks:
 
     def _hook_models(self, modules: list[nn.Module]) -> None:
         for module in modules:
+            keep_out_of_copies(module)
             self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
                               module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
                                                            always_call=True)]

@@ -12,9 +12,11 @@ the explosion check) when the optimizer steps.
 
 from __future__ import annotations
 
+import io
+import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 
 import torch
 import torch.distributed as dist
@@ -151,8 +153,15 @@ class RunMonitor(FrameworkMonitor):
 
     @contextmanager
     def watch_paused(self):
-        with self.hooks.paused(), self.watch.paused():
-            yield
+        """A replay: no hook event is the run's, and what the script's code prints or logs on the way (its model's
+        forward runs again) is not shown twice (debug-nan's own log keeps its stream)."""
+        sink, disabled = io.StringIO(), logging.root.manager.disable
+        logging.disable(logging.CRITICAL)
+        try:
+            with self.hooks.paused(), self.watch.paused(), redirect_stdout(sink), redirect_stderr(sink):
+                yield
+        finally:
+            logging.disable(disabled)
 
     # -- the hooks' events -------------------------------------------------------------------------------------
     def micro_begin(self, batch, step: int) -> None:

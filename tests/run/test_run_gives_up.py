@@ -20,6 +20,7 @@ class Encoder(nn.Module):
         scores = self.proj(x).masked_fill(~valid, float("-inf"))
         out = torch.softmax(scores, dim=-1)
         if torch.isnan(out).any():  # the model's own NaN check
+            print("encoder: NaN found")  # (the replay runs this forward again: printed once all the same)
             raise ValueError("NaN in the encoder output")
         return out
 
@@ -59,7 +60,7 @@ def test_a_script_that_catches_its_own_nan_and_exits_1_is_not_clean(tmp_path, ru
     assert (first["step"], first["micro_step"], first["phase"], first["op"], first["cause"], first["source"]) == (
         3, 1, "forward", "aten._softmax.default", "all_masked_softmax", "gives_up.py:13")
     assert "ScriptGaveUp: the command exited with code 1" in first["exception"]
-    assert stdout == "step 1\nstep 2\nerror: NaN in the encoder output\n"  # the script's own output, as it was
+    assert stdout == "step 1\nstep 2\nencoder: NaN found\nerror: NaN in the encoder output\n"  # as it was
     assert "the command ended (exit 1) in step 3, micro-batch 1 before its backward()" in " ".join(stderr.split())
 
 
