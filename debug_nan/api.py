@@ -84,14 +84,14 @@ class Monitor:
         return self.session.steps
 
     # -- the StepDriver methods --------------------------------------------------------------------------------
-    def replay_loss(self, batch, tape=None):
+    def replay_loss(self, batch):
         return split_loss(self.loss_fn(self.model, batch))
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         loss = loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
         (self.scaler.scale(loss) if scaled and self.scaler is not None else loss).backward()
 
-    def optimizer_step(self, tape=None) -> None:
+    def optimizer_step(self) -> None:
         """Your loop's update as the monitor was told it: unscale (scaler), clip (max_grad_norm), step."""
         clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)) \
             if self.max_grad_norm else None

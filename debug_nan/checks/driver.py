@@ -55,6 +55,17 @@ class StepInputs:
         return self.tapes[index] if index < len(self.tapes) else None
 
 
+def replay_loss(driver, batch, tape=None):
+    """driver.replay_loss(batch), given the micro-batch's tape where it has one (`debug-nan run`): a driver that
+    calls its own loss code is asked as the protocol first had it, with the batch alone."""
+    return driver.replay_loss(batch) if tape is None else driver.replay_loss(batch, tape)
+
+
+def optimizer_step(driver, tape=None) -> None:
+    """driver.optimizer_step(), given the update's tape where it has one (see replay_loss)."""
+    driver.optimizer_step() if tape is None else driver.optimizer_step(tape)
+
+
 @runtime_checkable
 class StepDriver(Protocol):
     """What the pinpointer needs from whoever runs the training steps."""

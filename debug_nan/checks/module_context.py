@@ -23,6 +23,7 @@ from debug_nan.frames import replayed_source
 TAG = "debug_nan_module"
 ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
 SOURCE_TAG = "debug_nan_source"  # the user line of a replayed recorded call (frames.replayed_at) that made it
+LOSS_CODE = "<loss code>"  # the TAG of a node made outside every module of the model (its path is "", the root's)
 
 
 class ModuleContext:
@@ -79,7 +80,7 @@ class ModuleContext:
         if not torch.is_grad_enabled() or torch._C._current_autograd_node() is not None:
             return None
         bases = [t._base for t in written if t._base is not None]  # an in-place op on a view rebases its base
-        entry = [outs + bases, self.current(), None, replayed_source()]
+        entry = [outs + bases, self.current() if self.stack else LOSS_CODE, None, replayed_source()]
         self._pending.append(entry)
         return entry
 

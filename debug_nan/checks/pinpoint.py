@@ -21,7 +21,8 @@ import torch
 
 from debug_nan.checks.buffer_writers import BufferWriters, Written
 from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.driver import NotReplayable, StepDriver, StepInputs, TaskFailure, is_out_of_memory
+from debug_nan.checks.driver import (NotReplayable, StepDriver, StepInputs, TaskFailure, is_out_of_memory,
+                                     optimizer_step, replay_loss)
 from debug_nan.checks.events import has_nonfinite
 from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
                                       watch_only_finding)
@@ -56,7 +57,7 @@ class Pinpointer:
         inputs.snapshot.restore()
         for i in range(count):
             restore_rng(inputs.rng[i], d.device)
-            loss, _ = d.replay_loss(self._batch(inputs, i), inputs.tape(i))
+            loss, _ = replay_loss(d, self._batch(inputs, i), inputs.tape(i))
             d.backward(loss, scaled=scaled)
 
     def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
@@ -91,12 +92,12 @@ class Pinpointer:
                                        if d.optimizer is not None else None)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
-                        d.optimizer_step(inputs.update)
+                        optimizer_step(d, inputs.update)
                         harmed = [t for _, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer)]
                     else:
                         for path, t in flat_tensors(batch):
                             tracer.mark(t, path, "data")
-                        loss, parts = d.replay_loss(batch, inputs.tape(micro - 1))
+                        loss, parts = replay_loss(d, batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
                         self._loss_harmed = tracer.origin_of(harmed) is not None
                         if not self._loss_harmed:  # a finite loss: the harm is in the gradients
@@ -139,14 +140,14 @@ class Pinpointer:
             with d.watch_paused():
                 for i in range(micro - 1):  # the buffers as the earlier micro-batches left them (forward only)
                     restore_rng(inputs.rng[i], d.device)
-                    d.replay_loss(self._batch(inputs, i), inputs.tape(i))
+                    replay_loss(d, self._batch(inputs, i), inputs.tape(i))
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
                 with Tracer(d.model, poisoned=self.writers.names) as tracer:
                     for path, t in flat_tensors(batch):
                         tracer.mark(t, path, "data")
                     try:
-                        d.replay_loss(batch, inputs.tape(micro - 1))
+                        replay_loss(d, batch, inputs.tape(micro - 1))
                     except Exception as exc:  # noqa: BLE001 - the run's own micro-batch raised nothing
                         if is_out_of_memory(exc):
                             raise

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from debug_nan.checks.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
                                      named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf,
                                      split_foreach)
-from debug_nan.checks.module_context import ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
+from debug_nan.checks.module_context import LOSS_CODE, ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
 from debug_nan.checks.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.checks.stats import flat_tensors
 from debug_nan.frames import source_from_stack_lines, user_frame
@@ -314,9 +314,10 @@ class Tracer(TorchDispatchMode):
         else:
             label = f"input `{name}` of {func}, a tensor made outside the traced ops"
         source, code = (forward_source_of(node), None) if node is not None else user_frame()
-        module_type, module_class = self.context.module_class(module)
+        module_type, module_class = self.context.module_class(module)  # ("" for LOSS_CODE: no such module)
         return self.lineage.add(OpEvent(
-            op="", phase=phase, module=module, module_type=module_type if phase != Phase.LOSS else "",
+            op="", phase=phase, module="" if module == LOSS_CODE else module,
+            module_type=module_type if phase != Phase.LOSS else "",
             kind="nan" if nan else "inf", source=source,
             source_line=code, backward_node=None, forward_source=None, inputs=[], outputs=[(label, value.detach())],
             seq=self.ops_seen, label=label, module_class=module_class,
@@ -334,9 +335,10 @@ class Tracer(TorchDispatchMode):
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
-        module_type, module_class = self.context.module_class(module)
+        module_type, module_class = self.context.module_class(module)  # ("" for LOSS_CODE: no such module)
         return self.lineage.add(OpEvent(
-            op=str(func), phase=phase, module=module, module_type=module_type if phase != Phase.LOSS else "",
+            op=str(func), phase=phase, module="" if module == LOSS_CODE else module,
+            module_type=module_type if phase != Phase.LOSS else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],

@@ -71,7 +71,7 @@ class HFMonitor(FrameworkMonitor):
             getattr(t, "compute_loss_func", None) is not None
 
     # -- the StepDriver methods: the Trainer's step, for the replay -------------------------------------------
-    def replay_loss(self, batch, tape=None):
+    def replay_loss(self, batch):
         t = self.trainer
         self.model.train()
         inputs = t._prepare_inputs(batch)  # a new mapping, as in training_step: compute_loss may pop "labels"
@@ -88,7 +88,7 @@ class HFMonitor(FrameworkMonitor):
         else:
             loss.backward()
 
-    def optimizer_step(self, tape=None) -> None:
+    def optimizer_step(self) -> None:
         """As the Trainer at the end of a step: unscale (fp16), clip at max_grad_norm, step."""
         max_norm = self.trainer.args.max_grad_norm
         clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)) \

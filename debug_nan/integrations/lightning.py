@@ -64,7 +64,7 @@ class LightningMonitor(FrameworkMonitor):
             del self.module.log, self.module.log_dict
 
     # -- the StepDriver methods: Lightning's step, for the replay ---------------------------------------------
-    def replay_loss(self, batch, tape=None):
+    def replay_loss(self, batch):
         args = (batch, self.batch_idx) if self.passes_batch_idx else (batch,)
         with self._quiet(), self.trainer.precision_plugin.train_step_context():
             out = self.module.training_step(*args)
@@ -76,7 +76,7 @@ class LightningMonitor(FrameworkMonitor):
         loss = loss / self.trainer.accumulate_grad_batches
         self.module.backward(self.scaler.scale(loss) if scaled and self.scaler is not None else loss)
 
-    def optimizer_step(self, tape=None) -> None:
+    def optimizer_step(self) -> None:
         """As Lightning's precision plugin: unscale (fp16), clip (configure_gradient_clipping), step."""
         t = self.trainer
         clip = (lambda: self.module.configure_gradient_clipping(

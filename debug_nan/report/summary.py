@@ -29,7 +29,9 @@ def finding_lines(f: Finding) -> list[str]:
     lines += _wrap("where", f"step {f.step}, {batch} {f.micro_step}, phase {f.phase}"
                    + (f", rank {f.rank} (first to see it: rank(s) {', '.join(map(str, f.first_ranks))})"
                       if f.rank is not None else ""))
-    if f.phase not in ("data", "loss"):
+    if f.phase == Phase.BACKWARD and not f.module and not f.module_type:
+        lines += _wrap("module", "none (the backward of the loss code, outside the model)")
+    elif f.phase not in ("data", "loss"):
         lines += _wrap("module", f"{f.module or '<model root>'}" + (f" ({f.module_type})" if f.module_type else ""))
     elif f.phase == Phase.LOSS:
         lines += _wrap("module", "none (the loss code, outside the model)")

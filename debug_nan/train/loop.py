@@ -102,7 +102,7 @@ class Trainer:
         with self.precision.autocast():
             return split_loss(self.task.loss(self.wrapped, batch))
 
-    def replay_loss(self, batch, tape=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def replay_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.precision.autocast():  # the same on the bare module: no DDP collectives, one rank replays alone
             return split_loss(self.task.loss(self.model, batch))
 
@@ -110,7 +110,7 @@ class Trainer:
         scaled_loss = loss / self.accumulation_steps
         (self.precision.scale(scaled_loss) if scaled else scaled_loss).backward()
 
-    def optimizer_step(self, tape=None) -> None:
+    def optimizer_step(self) -> None:
         """From accumulated (scaled) gradients, as at the end of a step: unscale, clip, step, schedule."""
         self.precision.unscale(self.optimizer)
         self.clip_and_step(None)
