@@ -14,19 +14,17 @@ own param_groups (optimizer_evidence.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
 
 from debug_nan.checks.buffer_writers import BufferWriters, Written
-from debug_nan.checks.diagnose import diagnose
 from debug_nan.checks.driver import (NotReplayable, StepDriver, StepInputs, TaskFailure, is_out_of_memory,
                                      optimizer_step, replay_loss)
 from debug_nan.checks.events import has_nonfinite
-from debug_nan.checks.finding import (Finding, data_finding, module_type, sample_ids, stats_dict,
-                                      watch_only_finding)
-from debug_nan.checks.optimizer_evidence import StepHyperparameters, optimizer_explanation, read_hyperparameters
+from debug_nan.checks.finding import Finding, data_finding, watch_only_finding
+from debug_nan.checks.explain import ReplayFacts, event_finding
+from debug_nan.checks.optimizer_evidence import read_hyperparameters
 from debug_nan.checks.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.checks.start_state import is_start_state, start_state_finding
 from debug_nan.checks.stats import flat_tensors, move_to
@@ -40,9 +38,7 @@ class Pinpointer:
     def __init__(self, driver: StepDriver):
         self.driver = driver
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
-        self._hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
-        self._nonfinite_outputs: list = []  # module outputs the last replay saw holding NaN/Inf (tracer's)
-        self._loss_harmed = False  # the last replay's loss itself was non-finite
+        self.facts = ReplayFacts()  # what the last replay saw besides its origin (checks/explain.py)
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -88,7 +84,7 @@ class Pinpointer:
                         tracer.phase_override = Phase.OPTIMIZER  # the lr this step uses, before its schedule step:
                         if inputs.step_groups is not None:
                             put_groups(d.optimizer, inputs.step_groups)
-                        self._hyper = (read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
+                        self.facts.hyper = (read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
                                        if d.optimizer is not None else None)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(t, name, "optimizer")
@@ -99,8 +95,8 @@ class Pinpointer:
                             tracer.mark(t, path, "data")
                         loss, parts = replay_loss(d, batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
-                        self._loss_harmed = tracer.origin_of(harmed) is not None
-                        if not self._loss_harmed:  # a finite loss: the harm is in the gradients
+                        self.facts.loss_harmed = tracer.origin_of(harmed) is not None
+                        if not self.facts.loss_harmed:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
                             harmed = [p.grad for p in d.model.parameters() if p.grad is not None]
                 except Exception as e:  # the same exception as in the run, usually
@@ -108,7 +104,7 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
-                self._nonfinite_outputs = list(tracer.nonfinite_outputs)
+                self.facts.nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it
                     origin = tracer.first
@@ -290,72 +286,32 @@ class Pinpointer:
     def _not_replayable(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                         why: NotReplayable) -> Finding:
         """The driver could not replay the micro-batch exactly: the watch's finding stands, with the reason."""
-        inputs.snapshot.restore()
         what = f"the micro-batch could not be replayed in place: {why}."
-        self.driver.log(f"  [pinpoint] {what[0].upper()}{what[1:]} The op is not named.", "yellow")
-        if check is None:
-            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}; {what} "
-                              f"Whether a NaN/Inf came before the exception is unknown.")
-        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model,
-                                  why=f"{what} So the op is not named.")
+        return self._watch_finding(inputs, micro, check, error, what, f"{what} So the op is not named.")
 
     def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
                        exc: BaseException) -> Finding:
         """The replay (which keeps more alive than the run: the tracer's evidence, anomaly mode's tracebacks)
         ran out of memory: the watch's finding stands, without the op."""
-        inputs.snapshot.restore()  # drop the replay's gradients and activations before going on
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         what = f"the op-level replay ran out of memory ({describe_exception(exc)}), so the op is not named."
+        return self._watch_finding(inputs, micro, check, error, what,
+                                   f"{what} To name it, replay the repro bundle on a machine with more memory "
+                                   f"(debug-nan replay BUNDLE --device ...), or lower the batch size.")
+
+    def _watch_finding(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
+                       what: str, why: str) -> Finding:
+        """The replay stopped short (`what`): the state goes back to the step's start and the watch's finding stands
+        (`why` in its explanation); an exception with no check behind it stays the script's failure."""
+        inputs.snapshot.restore()  # (drops the replay's gradients and activations before going on)
         self.driver.log(f"  [pinpoint] {what[0].upper()}{what[1:]}", "yellow")
         if check is None:
             raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}; {what} "
                               f"Whether a NaN/Inf came before the exception is unknown.")
-        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model,
-                                  why=f"{what} To name it, replay the repro bundle on a machine with more memory "
-                                      f"(debug-nan replay BUNDLE --device ...), or lower the batch size.")
+        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model, why=why)
 
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None, reached: list[str] | None = None) -> Finding:
-        cause, explanation, suggestions = diagnose(event, raw)
-        if check is not None and check.kind == "grad" and self._loss_harmed:
-            explanation += (" In the run the loss was finite and only the gradients went non-finite; in this eager "
-                            "replay from the same state the loss itself did: the run's kernels (torch.compile's fused "
-                            "kernels, or a non-deterministic one) computed it otherwise, and the op named is the eager "
-                            "computation's.")
-        elif check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
-            related = {event.id} | {e.id for e in event.inf_sources}
-            shown = [p or "<model>" for p, ids in self._nonfinite_outputs if ids & related]
-            where = (f"The loss stayed finite although module output `{shown[0]}` held the value (it was dropped "
-                     f"or masked after it, e.g. by torch.where, indexing or nan_to_num)" if shown else
-                     "The value was hidden before any module output or the loss (e.g. by torch.where or nan_to_num)")
-            explanation += (f" {where}, but it still leaked: only the gradients went non-finite, since backward "
-                            f"multiplies it by 0 and 0 * inf = NaN.")
-        module, kind_of_module = event.module, event.module_type
-        if event.phase == Phase.OPTIMIZER:
-            bad = {k: v for k, v in event.scalars.items() if isinstance(v, float) and not math.isfinite(v)}
-            if bad and self.driver.optimizer is None:  # a hand-written update's step size is itself non-finite
-                explanation = (f"{event.op} was called with {', '.join(f'{k}={v}' for k, v in bad.items())}: the "
-                               f"step size the loop computed is not finite")
-            param, explanation, replaced = self._optimizer_explanation(reached or [], explanation)
-            suggestions = replaced or suggestions
-            module = param.rsplit(".", 1)[0] if param and "." in param else ""
-            kind_of_module = module_type(self.driver.model, module) if param else ""
-        return Finding(
-            step=step, micro_step=micro, phase=event.phase, module=module, module_type=kind_of_module,
-            op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,
-            suggestions=suggestions, source_line=event.source_line, backward_node=event.backward_node,
-            forward_source=event.forward_source, sample_ids=sample_ids(raw),
-            inputs=stats_dict(event.inputs), outputs=stats_dict(event.outputs),
-            watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
-            exception=describe_exception(error) if error is not None else None,
-        )
-
-    def _optimizer_explanation(self, reached: list[str], evidence: str) -> tuple[str | None, str, list | None]:
-        """(parameter name, explanation, replacement suggestions or None) for an origin inside the optimizer
-        step; `reached` names the parameters and states its values reached."""
-        what = f"`{reached[0]}`" if reached else "a parameter or optimizer state"
-        name = reached[0].split(" (optimizer")[0] if reached else None
-        param = dict(self.driver.model.named_parameters()).get(name) if name else None
-        explanation, suggestions = optimizer_explanation(self.driver.optimizer, self._hyper, param, what, evidence)
-        return name, explanation, suggestions
+        return event_finding(step, micro, event, raw, check, error, self.driver.model, self.driver.optimizer,
+                             self.facts, reached)

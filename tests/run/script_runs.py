@@ -24,3 +24,13 @@ def watched(script: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict
     report = script.parent / "run.json"
     done = run_process("run", "--report", str(report), "--", "python", str(script), *args, cwd=script.parent)
     return done, json.loads(report.read_text()) if report.exists() else None
+
+
+def same_as_alone(run_here, script: Path, *args: str):
+    """The script run alone and through `run_here` (in-process): both exit 0 and print the same, byte for byte ->
+    (the watched Run, its stdout, its stderr)."""
+    plain = alone(script, *args)
+    done, stdout, stderr = run_here("python", script.name, *args)
+    assert plain.returncode == 0 and done.code == 0, done.output
+    assert stdout == plain.stdout
+    return done, stdout, stderr

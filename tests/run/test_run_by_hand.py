@@ -3,10 +3,9 @@ does: `p.data.add_(p.grad, alpha=-lr)`) is watched too: the model is the module 
 first backward reaches, a step ends at the next forward (where its update is checked), and an update that made a
 weight non-finite is named at the script's own line."""
 
-import subprocess
-import sys
-
 import pytest
+
+from tests.run.script_runs import same_as_alone
 
 pytestmark = pytest.mark.e2e
 
@@ -33,10 +32,8 @@ for step in range(1, 7):
 
 def test_a_healthy_hand_written_update_runs_as_it_does_alone(tmp_path, run_here):
     (tmp_path / "by_hand.py").write_text(BY_HAND)
-    alone = subprocess.run([sys.executable, "by_hand.py", "0"], cwd=tmp_path, capture_output=True, text=True)
-    done, stdout, stderr = run_here("python", "by_hand.py", "0")
-    assert alone.returncode == 0 and done.code == 0, done.output
-    assert stdout == alone.stdout and stdout.count("\n") == 6
+    done, stdout, stderr = same_as_alone(run_here, tmp_path / "by_hand.py", "0")
+    assert stdout.count("\n") == 6
     assert (done.report["status"], done.report["steps_run"]) == ("clean", 6)
     assert "updates itself (no torch.optim optimizer)" in " ".join(stderr.split())
 

@@ -1,10 +1,9 @@
 """A script that replaces its optimizer for a second training stage (SGD warm-up, then Adam) is watched through
 both stages: the watch follows the newest optimizer, and a NaN its update makes is traced in that optimizer."""
 
-import subprocess
-import sys
-
 import pytest
+
+from tests.run.script_runs import same_as_alone
 
 pytestmark = pytest.mark.e2e
 
@@ -33,10 +32,8 @@ for step in range(1, 7):
 
 def test_a_second_stage_optimizer_is_followed(tmp_path, run_here):
     (tmp_path / "stages.py").write_text(STAGES)
-    alone = subprocess.run([sys.executable, "stages.py", "1e-8"], cwd=tmp_path, capture_output=True, text=True)
-    done, stdout, stderr = run_here("python", "stages.py", "1e-8")
-    assert alone.returncode == 0 and done.code == 0, done.output
-    assert stdout == alone.stdout and "step 6 Adam" in stdout
+    done, stdout, stderr = same_as_alone(run_here, tmp_path / "stages.py", "1e-8")
+    assert "step 6 Adam" in stdout
     assert (done.report["status"], done.report["steps_run"]) == ("clean", 6)
     assert "the script replaced its optimizer with a new Adam" in " ".join(stderr.split())
 
