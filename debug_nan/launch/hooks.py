@@ -260,9 +260,12 @@ class Hooks:
         if not self.open or self.in_backward or self.is_paused:
             return original(tensors, *args, **kwargs)
         tape, self.recorder.tape = self.recorder.tape, None
-        self.outputs = []
+        outputs, self.outputs = self.outputs, []
         if tape is not None:
             tape.close((tensors, *args), kwargs)
+            unused = tape.unused_model_calls() if len(outputs) > 1 else []
+            if unused:  # a forward whose outputs no backward takes: one the script gave up on, if non-finite
+                self.listener.forwards_given_up(tape, unused, [outputs[n] for n in unused])
         loss = loss_of(tensors)
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:

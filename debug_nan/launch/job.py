@@ -97,6 +97,11 @@ class Watching:
     def step_end(self, step: int, skipped: bool) -> None:
         self.monitor.step_end(skipped)
 
+    def forwards_given_up(self, tape, calls: list[int], outputs: list) -> None:
+        self.monitor.forwards_given_up(tape, calls, outputs)
+        if self.monitor.stopped:
+            raise RunStopped("trip")
+
     def follow(self, optimizer) -> None:
         self.log(f"[debug-nan] the script replaced its optimizer with a new {type(optimizer).__name__} (a new "
                  f"training stage): watching that one from step {self.monitor.session.steps}")

@@ -130,6 +130,29 @@ class Tape:
             self._external_of[id(x)] = index
         return ("x", index)
 
+    def unused_model_calls(self) -> list[int]:
+        """The model calls (their order among the tape's model calls) whose outputs the backward's tensors do not
+        descend from: forwards the script gave up on (a NaN loss it skipped with `continue`) or never meant to train
+        (an accuracy computed with gradients on)."""
+        if self.backward is None:
+            return []
+        needed = {x for kind, x in self.backward[0] if kind == "s"}
+        reached = set()
+        calls = [i for i, e in enumerate(self.entries) if e.func is MODEL]
+        for i in range(len(self.entries) - 1, -1, -1):
+            entry = self.entries[i]
+            if needed.intersection(s for s in entry.outputs if s is not None):
+                needed.update(x for kind, x in entry.leaves if kind == "s")
+                reached.add(i)
+        return [n for n, i in enumerate(calls) if i not in reached]
+
+    def up_to_model_call(self, n: int) -> Tape:
+        """This tape as far as its model call `n` (0-based, among the model calls), with no backward: what a replay
+        of a forward the script gave up on runs."""
+        calls = [i for i, e in enumerate(self.entries) if e.func is MODEL]
+        return Tape(entries=self.entries[:calls[n] + 1], externals=self.externals, slots=self.slots,
+                    first_form=self.first_form, unreplayable=self.unreplayable, inputs=self.inputs)
+
     # -- replay -------------------------------------------------------------------------------------------------
     def replay(self, call_model, first_args: tuple, first_kwargs: dict, previous: list | None = None) -> list:
         """Call every entry again; the first model call gets (first_args, first_kwargs) (the captured batch) ->

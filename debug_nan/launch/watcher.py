@@ -205,6 +205,22 @@ class RunMonitor(FrameworkMonitor):
             self.findings.append(finding)
             self.session.stop(finding)
 
+    def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
+        """Model calls of this micro-batch whose outputs its backward does not take (the script skipped a NaN loss
+        with `continue` and went on to the next batch): where such an output holds NaN/Inf, the script gave up on
+        it, and that forward is replayed (its tape as far as that call) to name the op."""
+        for n, output in zip(calls, outputs):
+            reading = _nonfinite_reading([output])
+            if reading is None or self.stopped:
+                continue
+            self.log(f"  [watch] a forward of step {self.session.inputs.step}, micro-batch {self.session.micro} "
+                     f"made a model output holding {reading} that no backward took (the script went on without it)",
+                     "red")
+            self.session.inputs.tapes[-1] = tape.up_to_model_call(n)
+            outcome = self.session.end_micro(last=False)
+            outcome.check = Check("forward", "<model output>", reading)
+            self._settle(lambda: self.session.decide(outcome), last=False)
+
     def _keep_partial_tape(self) -> None:
         inputs = self.session.inputs
         if inputs is not None and inputs.tapes:

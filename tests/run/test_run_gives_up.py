@@ -71,3 +71,37 @@ def test_a_script_that_stops_mid_step_for_its_own_reasons_keeps_its_code(tmp_pat
     assert stdout == "step 1\nout of time budget\n"
     assert "no NaN/Inf was born in step 2, micro-batch 1 before the command ended: its exit is its own" in " ".join(
         stderr.split())
+
+
+SKIPS = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(3)
+for step in range(1, 8):
+    x = torch.randn(16, 4, generator=g)
+    if step == 4:
+        x[2, 1] = float("nan")  # a corrupt sample
+    loss = model(x).pow(2).mean()
+    if not torch.isfinite(loss):  # the script's own guard: skip the batch
+        print(f"skipping batch {step}")
+        continue
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
+
+def test_a_nan_output_the_script_skips_with_continue_is_found(tmp_path, run_here):
+    """The guard skips the batch and the next forward opens no new micro-batch (no backward came): at the next
+    backward the tape shows the skipped forward's outputs were never used, and they held NaN."""
+    (tmp_path / "skips.py").write_text(SKIPS)
+    done, stdout, stderr = run_here("python", "skips.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["micro_step"], first["phase"], first["cause"]) == (4, 1, "data", "nonfinite_input")
+    assert "skipping batch 4" in stdout and "step 5" not in stdout
+    assert "made a model output holding nan that no backward took" in " ".join(stderr.split())
