@@ -31,7 +31,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from debug_nan.checks.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
 from debug_nan.frames import user_location
-from debug_nan.launch.model_calls import bare, batch_of, loss_of, owners
+from debug_nan.launch.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
+from debug_nan.launch.optimizers import WatchedOptimizer
 from debug_nan.launch.stops import RunStopped, stop_main_thread
 from debug_nan.launch.tape import Recorder, Tape, batch_form
 
@@ -48,7 +49,7 @@ class Listener(Protocol):
     def training_ends(self) -> None: ...
 
 
-class Hooks:
+class Hooks(WatchedOptimizer):
     """Install the global hooks (install/uninstall), count steps and micro-batches, tell the listener."""
 
     def __init__(self, listener: Listener):
@@ -151,7 +152,7 @@ class Hooks:
         if self.root is not None:
             self.other_optimizers.append(weakref.ref(optimizer))
             return
-        self._hook_models(owners({id(p) for g in optimizer.param_groups for p in g["params"]}))
+        self._hook_models(owners(optimizer_params(optimizer)))
         self.other_optimizers.append(weakref.ref(optimizer))
 
     def _hook_models(self, modules: list[nn.Module]) -> None:
@@ -166,17 +167,7 @@ class Hooks:
         the model is the module that owns every parameter this backward reaches. Watched from its next forward;
         each forward after a backward then closes a step (the script's own update ran between them)."""
         self.manual_tried = True
-        reached, todo, seen = set(), [t.grad_fn for t in ([tensors] if isinstance(tensors, torch.Tensor)
-                                                          else tensors) if t.grad_fn is not None], set()
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            if hasattr(node, "variable"):  # AccumulateGrad: a leaf, a parameter when the model owns it
-                reached.add(id(node.variable))
-            todo.extend(n for n, _ in node.next_functions)
-        found = owners(reached)
+        found = owners(leaves_reached(tensors))
         if found:
             self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
             self._hook_models(found)
@@ -232,8 +223,7 @@ class Hooks:
             model = bare(module)
             ids = {id(p) for p in model.parameters()}
             live = [r() for r in self.other_optimizers]
-            mine = [o for o in live if o is not None
-                    and {id(p) for g in o.param_groups for p in g["params"]} <= ids]
+            mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
             if not mine and not self.manual:  # its optimizer is gone already: not the training model
                 return
             self.root, self.optimizer = module, mine[-1] if mine else None
@@ -286,34 +276,6 @@ class Hooks:
         return result
 
     # -- steps -------------------------------------------------------------------------------------------------
-    def _mine(self, optimizer) -> bool:
-        if self.optimizer is None or optimizer is self.optimizer:
-            return self.optimizer is not None
-        if self._replaces(optimizer):
-            return True
-        if optimizer in self.retired or any(r() is optimizer for r in self.other_optimizers):
-            self.failure = InputError(f"the script steps two optimizers ({type(self.optimizer).__name__} and "
-                             f"{type(optimizer).__name__}, e.g. a GAN's generator and discriminator): debug-nan run "
-                             f"watches one optimizer and the model that owns its parameters. Use the Python API "
-                             f"(debug_nan.Monitor) around one of them instead.")
-            raise RunStopped("error")
-        return False
-
-    def _replaces(self, optimizer) -> bool:
-        """A newer optimizer of the same model steps while the current one has not stepped in this step: it
-        replaced it (a second training stage). The watch follows the newest; two that both step (a GAN's, or two
-        halves of one model's parameters) stay a usage error."""
-        if optimizer in self.retired or self.stepped_this_step or not any(
-                r() is optimizer for r in self.other_optimizers):
-            return False
-        if not {id(p) for g in optimizer.param_groups for p in g["params"]} <= {id(p) for p in self.root.parameters()}:
-            return False
-        self.retired.add(self.optimizer)
-        self.other_optimizers = [r for r in self.other_optimizers if r() is not optimizer]
-        self.optimizer = optimizer
-        self.listener.follow(optimizer)
-        return True
-
     def step_pre(self, optimizer, args, kwargs):
         """Before an optimizer step: the update's tape ends here, and the optimizer's own ops are not the script's
         code (the recorder is off). A closure (Lightning's way) runs the micro-batch inside the step: it is wrapped

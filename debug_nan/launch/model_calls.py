@@ -41,6 +41,26 @@ def loss_of(tensors) -> torch.Tensor:
     return tensors[0]
 
 
+def optimizer_params(optimizer: torch.optim.Optimizer) -> set[int]:
+    """The ids of the parameters `optimizer` updates."""
+    return {id(p) for g in optimizer.param_groups for p in g["params"]}
+
+
+def leaves_reached(tensors) -> set[int]:
+    """The ids of the leaf tensors (parameters, where a model owns them) a backward from `tensors` reaches."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    reached, todo, seen = set(), [t.grad_fn for t in roots if t.grad_fn is not None], set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf
+            reached.add(id(node.variable))
+        todo.extend(n for n, _ in node.next_functions)
+    return reached
+
+
 def owners(wanted: set[int]) -> list[nn.Module]:
     """Every module that owns all the parameters whose ids are `wanted` (an optimizer's: a model, its DDP wrapper,
     a LightningModule)."""

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 
 from debug_nan.checks.catch_up import catch_up
 from debug_nan.checks.driver import StepInputs
-from debug_nan.checks.snapshot import Snapshot, schedule_state
+from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng, schedule_state
 from debug_nan.checks.watch_result import MicroResult
 
 SNAPSHOT_SHARE = 0.005  # the share of a step the copy may cost, amortised over the steps between copies
@@ -129,4 +130,24 @@ class StateCopies:
         self.saved, self.since, self._read, self._failed = None, [], None, {}
 
 
-__all__ = ["MAX_SNAPSHOT_EVERY", "SNAPSHOT_SHARE", "StateCopies"]
+@contextmanager
+def live_state_kept(model, snapshot: Snapshot, device, scaler):
+    """Around a probe that re-runs the step while the run goes on afterwards: its gradients, buffers, RNG and the
+    scaler's per-step record come back exactly as they were."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = [b.detach().clone() for b in model.buffers()]  # (the snapshot's buffer list, in its order)
+    rng = capture_rng(device)
+    scaler_record = scaler._per_optimizer_states if scaler is not None else None
+    try:
+        yield
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+        snapshot.put_back_buffers(buffers)
+        restore_rng(rng, device)
+        if scaler is not None:
+            scaler._per_optimizer_states = scaler_record
+
+
+__all__ = ["MAX_SNAPSHOT_EVERY", "SNAPSHOT_SHARE", "StateCopies", "live_state_kept"]

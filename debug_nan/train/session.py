@@ -19,7 +19,6 @@ sink, the explosion thresholds and the advice's dialect. A new check is added he
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,12 +28,12 @@ from debug_nan.checks.driver import StepInputs
 from debug_nan.checks.finding import Finding, explosion_finding
 from debug_nan.checks.history import History, StepRecord
 from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng
+from debug_nan.checks.snapshot import Snapshot, capture_rng
 from debug_nan.checks.stats import capture_batch
 from debug_nan.checks.vocabulary import Phase, adapt_advice
 from debug_nan.checks.watch import Watch
 from debug_nan.train.agreement import RankAgreement
-from debug_nan.train.copies import StateCopies
+from debug_nan.train.copies import StateCopies, live_state_kept
 from debug_nan.train.outcome import MicroOutcome
 from debug_nan.train.output_schedule import OutputSchedule
 from debug_nan.train.precision import unscaled
@@ -244,7 +243,7 @@ class StepSession:
         if self.scaler.get_scale() < 1.0:  # a scale below 1 cannot overflow what is finite without it
             return False
         self.copies.at(o.inputs)  # mid-step: a copy of the live state
-        with self.live_state_kept():
+        with live_state_kept(self.model, self.snapshot, self.device, self.scaler):
             return self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
     def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
@@ -341,25 +340,5 @@ class StepSession:
             return False
         self.snapshot.restore()
         return True
-
-    @contextmanager
-    def live_state_kept(self):
-        """Around a probe that re-runs the step while the run goes on afterwards: its gradients, buffers, RNG and
-        the scaler's per-step record come back exactly as they were."""
-        params = list(self.model.parameters())
-        grads = [p.grad for p in params]
-        buffers = [b.detach().clone() for b in self.model.buffers()]  # (the snapshot's buffer list, in its order)
-        rng = capture_rng(self.device)
-        scaler_record = self.scaler._per_optimizer_states if self.scaler is not None else None
-        try:
-            yield
-        finally:
-            for p, g in zip(params, grads):
-                p.grad = g
-            self.snapshot.put_back_buffers(buffers)
-            restore_rng(rng, self.device)
-            if self.scaler is not None:
-                self.scaler._per_optimizer_states = scaler_record
-
 
 __all__ = ["SessionPolicies", "StepSession"]
