@@ -2,7 +2,9 @@
 # Run the test suite; pytest's closing line says how many passed. Works alone on a fresh clone: it uses the active
 # virtualenv/conda env when debug-nan and pytest are installed there, else ./.venv, which it creates with
 # scripts/setup.sh when it is missing. Extra arguments go to pytest: `bash scripts/test.sh -m "not e2e"` runs only
-# the fast unit layer.
+# the fast unit layer. With pytest-xdist installed (the test extras) the tests run in one worker per core (most of
+# the end-to-end ones start Python processes of their own), each torch on one thread unless OMP_NUM_THREADS is set;
+# DEBUG_NAN_TEST_WORKERS=N sets the workers (1: in this process, no xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ready() { "$1" -c "import debug_nan, torch, pytest" 2>/dev/null; }
@@ -16,4 +18,10 @@ else
     PY=.venv/bin/python
     if [[ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]] && ready python; then PY=python; fi
 fi
-exec "$PY" -m pytest tests "$@"
+WORKERS="${DEBUG_NAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+PARALLEL=()
+if [[ "$WORKERS" -gt 1 ]] && "$PY" -c "import xdist" 2>/dev/null; then
+    PARALLEL=(-n "$WORKERS")
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
+exec "$PY" -m pytest tests ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

@@ -69,7 +69,7 @@ def test_sigterm_while_debug_nan_starts_exits_143_with_the_report(tmp_path, entr
     kills any program: -15, nothing printed; the delays start after that.)"""
     (tmp_path / "train.py").write_text(TRAIN)
     hits = 0
-    for delay in (0.2, 0.4, 0.7, 1.0, 1.4):
+    for delay in (0.3, 0.8, 1.4):
         report = tmp_path / f"r{delay}.json"
         process = subprocess.Popen([sys.executable, "-m", "debug_nan", *ENTRY_POINTS[entry](str(report))],
                                    cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -84,4 +84,4 @@ def test_sigterm_while_debug_nan_starts_exits_143_with_the_report(tmp_path, entr
         hits += 1
         assert err.rstrip().endswith("debug-nan: interrupted (SIGTERM).")
         assert json.loads(report.read_text())["exit_code"] == 143, delay
-    assert hits >= 3
+    assert hits >= 2
