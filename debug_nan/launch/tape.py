@@ -64,7 +64,7 @@ class Tape:
     inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
     unreplayable: str | None = None
     _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
-    _external_of: dict = field(default_factory=dict)  # id(tensor) -> index in externals
+    _external_of: dict = field(default_factory=dict)  # id(tensor) -> (index in externals, the tensor)
 
     # -- recording ----------------------------------------------------------------------------------------------
     def first_inputs(self, args: tuple, kwargs: dict) -> None:
@@ -118,8 +118,9 @@ class Tape:
         before = self.previous._slot_of.get(id(x)) if self.previous is not None else None
         if before is not None and before[1]() is x:  # the last micro-batch's loss, detached for logging
             return ("m", before[0])
-        index = self._external_of.get(id(x))
-        if index is None or self.externals[index][0] is not x and self.externals[index][1] is not None:
+        known = self._external_of.get(id(x))
+        index = known[0] if known is not None and known[1] is x else None
+        if index is None:
             if x.grad_fn is not None and self.unreplayable is None:
                 self.unreplayable = (f"the script's code used a {tuple(x.shape)} tensor computed by "
                                      f"{type(x.grad_fn).__name__} outside the recorded calls (e.g. an activation "
@@ -127,7 +128,7 @@ class Tape:
             index = len(self.externals)
             small = x.numel() <= SMALL and x.grad_fn is None and not x.requires_grad
             self.externals.append((x.detach().clone(), None) if small else (x, x._version))
-            self._external_of[id(x)] = index
+            self._external_of[id(x)] = (index, x)  # (held: its id cannot be another tensor's while the tape lives)
         return ("x", index)
 
     def unused_model_calls(self) -> list[int]:
