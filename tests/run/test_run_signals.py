@@ -69,7 +69,7 @@ def test_sigterm_while_debug_nan_starts_exits_143_with_the_report(tmp_path, entr
     kills any program: -15, nothing printed; the delays start after that.)"""
     (tmp_path / "train.py").write_text(TRAIN)
     hits = 0
-    for delay in (0.3, 0.8, 1.4):
+    for delay in (0.3, 0.8, 1.4, 2.0):
         report = tmp_path / f"r{delay}.json"
         process = subprocess.Popen([sys.executable, "-m", "debug_nan", *ENTRY_POINTS[entry](str(report))],
                                    cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,6 +78,8 @@ def test_sigterm_while_debug_nan_starts_exits_143_with_the_report(tmp_path, entr
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=120)
         assert "Traceback" not in err and "RecursionError" not in err, (delay, err)
+        if process.returncode == -signal.SIGTERM and not err:  # before Python ran debug-nan's first line (a loaded
+            continue  # machine starts Python slower): killed as any program is, nothing printed
         if ended or process.returncode != 143:  # it was done before the signal (or the signal came too late)
             assert process.returncode in (0, 1, 2), (delay, process.returncode, err)
             continue
