@@ -21,7 +21,7 @@ fi
 WORKERS="${DEBUG_NAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 PARALLEL=()
 if [[ "$WORKERS" -gt 1 ]] && "$PY" -c "import xdist" 2>/dev/null; then
-    PARALLEL=(-n "$WORKERS" --dist worksteal)  # (long end-to-end tests: idle workers take over queued ones)
+    PARALLEL=(-n "$WORKERS" --dist loadgroup)  # (tests that share one costly fixture are marked xdist_group)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 exec "$PY" -m pytest tests ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

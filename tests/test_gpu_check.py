@@ -31,6 +31,7 @@ def quick(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_passes_and_writes_json_and_table(quick):
     proc, report, items, out = quick
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -51,6 +52,7 @@ def test_quick_run_passes_and_writes_json_and_table(quick):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_figures_are_real(quick):
     _, _, items, _ = quick
     demo = items["demo_job"]["figures"]
@@ -81,6 +83,7 @@ def test_quick_run_figures_are_real(quick):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_benchmark_figures(quick):
     _, _, items, _ = quick
     memory = items["memory"]["figures"]["aam-tiny"]
