@@ -5,7 +5,8 @@ The run's driver of the session, and the pinpointer's StepDriver: the loss code 
 backward is the script's, so a micro-batch is replayed from its tape (launch/tape.py: the script's torch calls
 around the model, recorded as it ran) and an update from the tape of the code between the last backward and the
 optimizer step, then the script's own optimizer. The snapshot is the session's, as for every entry point: a trip is
-answered at once, from the run's own state at that step, in about one step's time.
+answered at once, from the run's own state at that step: one micro-batch (or update) traced, whatever
+the step number (scripts/bench_pinpoint.py).
 A micro-batch's end does not know whether it is its step's last: the step's record is closed (its gradient norms,
 the explosion check) when the optimizer steps.
 """
@@ -128,7 +129,7 @@ class RunMonitor(FrameworkMonitor):
             outputs = [values[s] for e in tape.entries if e.func is MODEL for s in e.outputs if s is not None]
             outputs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if not outputs:
-                raise _RaisedHere("the run's micro-batch ended here, before its backward()")
+                raise _RaisedHere()
             return outputs[0], {f"model output {i}": t for i, t in enumerate(outputs[1:], 2)}
         self._backward = tape.backward_args(values)
         tensors = self._backward[0][0]
@@ -137,7 +138,7 @@ class RunMonitor(FrameworkMonitor):
 
     def backward(self, loss, scaled: bool = True) -> None:
         if self._backward is None:
-            raise _RaisedHere("the run's micro-batch ended here, before its backward()")
+            raise _RaisedHere()
         args, kwargs = self._backward
         torch.autograd.backward(*args, **kwargs)
 
@@ -265,6 +266,9 @@ class ScriptGaveUp(Exception):
 class _RaisedHere(RuntimeError):
     """The replay reached the point where the run's micro-batch ended before its backward (it raised, or the
     script gave up on it): the origin before it is the finding."""
+
+    def __init__(self):
+        super().__init__("the run's micro-batch ended here, before its backward()")
 
 
 def _nonfinite_reading(outputs: list) -> float | None:
