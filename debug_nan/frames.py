@@ -3,7 +3,7 @@
 A frame is one of
   * "tool": debug_nan's own machinery (checks, the training driver, the runner, the CLI, the API);
   * "user": anything outside torch and the tool, plus the built-in pipeline's own model, data and task code
-    (debug_nan/model/, debug_nan/data/, debug_nan/train/aam_task.py), which play the user's part for it;
+    (debug_nan/aam/: its model, data and task), which play the user's part for it;
   * "torch": a torch library frame worth showing when no user frame exists (torch/optim/adam.py);
   * "plumbing": torch's wrappers and dispatch, never the line to show.
 The layout is read from the installed package's directory, so it holds wherever debug_nan is installed.
@@ -24,8 +24,7 @@ _TORCH_SPEC = importlib.util.find_spec("torch")
 TORCH_DIR = (os.path.dirname(os.path.abspath(_TORCH_SPEC.origin)) if _TORCH_SPEC and _TORCH_SPEC.origin
              else "<no torch>")
 # the built-in pipeline's "user code": what a --task file holds for a user's own model
-BUILTIN_USER_CODE = tuple(os.path.join(PACKAGE_DIR, *part) for part in (("model", ""), ("data", ""),
-                                                                         ("train", "aam_task.py")))
+BUILTIN_USER_CODE = (os.path.join(PACKAGE_DIR, "aam", ""),)
 TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
                                                                   "overrides.py", "autograd", "_compile.py"))
 
@@ -80,7 +79,7 @@ _replayed_at: tuple[str, int] | None = None  # see replayed_at
 
 @contextmanager
 def replayed_at(location: tuple[str, int] | None):
-    """While a replay calls again a call the user's code made in the run (launch/tape.py), (filename, lineno) of
+    """While a replay calls again a call the user's code made in the run (drivers/run/tape.py), (filename, lineno) of
     that call stands for the user frame the replay's stack does not have."""
     global _replayed_at
     before, _replayed_at = _replayed_at, location

@@ -65,7 +65,7 @@ class RunSettings:
     max_grad_norm: float | None = None  # None: the task's own clipping (the built-in pipeline: 1.0); 0: none
     precision: str = "fp32"
     seed: int = 42
-    checkpoint: str | None = None  # start from the user's checkpoint (train/checkpoint.py)
+    checkpoint: str | None = None  # start from the user's checkpoint (drivers/trainer/checkpoint.py)
     checkpoint_non_strict: bool = False
     checkpoint_unsafe_load: bool = False
     skip_batches: int = 0  # micro-batches to fast-forward past (without training) before the first step
@@ -78,8 +78,8 @@ class RunSettings:
     explosion_threshold: float = 1e4
     explosion_growth: float = 1e3
     snapshot: str = "host"  # where the replay's copy of the state lives: host (pinned CPU on CUDA), device, off
-    snapshot_every: int = 0  # copy the state every N steps; 0: auto (train/copies.py)
-    outputs_every: int = 0  # measure module outputs every N steps; 0: auto (train/output_schedule.py)
+    snapshot_every: int = 0  # copy the state every N steps; 0: auto (engine/session/copies.py)
+    outputs_every: int = 0  # measure module outputs every N steps; 0: auto (engine/session/output_schedule.py)
     # output
     report: str | None = None
     log: str | None = None

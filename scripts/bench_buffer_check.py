@@ -1,4 +1,4 @@
-"""The watch's buffer check (checks/buffer_watch.py) per micro-batch, against a plain training step.
+"""The watch's buffer check (engine/watch/buffer_watch.py) per micro-batch, against a plain training step.
 
     OMP_WAIT_POLICY=PASSIVE python scripts/bench_buffer_check.py
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from bench_models import build_lm_task  # noqa: E402
-from debug_nan.checks.buffer_watch import BufferWatch  # noqa: E402
+from debug_nan.engine.watch.buffer_watch import BufferWatch  # noqa: E402
 
 
 def best(fn, n: int) -> float:

@@ -7,7 +7,7 @@ Modes, each a full optimizer step on every rank (forward, loss, backward, gradie
   plain_ddp       the user's loop: the model in DistributedDataParallel, no_sync() on all micro-batches but the
                   last, whose backward DDP's reducer all-reduces bucket by bucket while it runs
   watch           debug-nan's step (Trainer.train_step under DDP): every check, the snapshot, one agreement per
-                  micro-batch, and the gradients averaged during the last backward (train/overlap.py)
+                  micro-batch, and the gradients averaged during the last backward (drivers/trainer/overlap.py)
   watch_at_end    the same with the averaging after the backward (no overlap): what the watch cost before
 Modes alternate within every repeat, after warm-up; a step's time is the slowest rank's (one MAX all-reduce
 after a barrier-aligned step). `x plain` is the median of the per-repeat ratios to the same repeat's plain_ddp.
@@ -37,11 +37,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_models import PRESETS, build_lm_task  # noqa: E402
-from debug_nan.checks.stats import move_to  # noqa: E402
-from debug_nan.report.log import Log  # noqa: E402
+from debug_nan.engine.stats import move_to  # noqa: E402
+from debug_nan.presentation.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
-from debug_nan.train.distributed import DistContext  # noqa: E402
-from debug_nan.train.loop import Trainer  # noqa: E402
+from debug_nan.engine.session.distributed import DistContext  # noqa: E402
+from debug_nan.drivers.trainer.loop import Trainer  # noqa: E402
 
 MODES = ("plain_ddp", "watch", "watch_at_end")
 

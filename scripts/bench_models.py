@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from debug_nan.train.task import Task
+from debug_nan.drivers.task import Task
 
 
 @dataclass(frozen=True)

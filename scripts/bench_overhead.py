@@ -14,7 +14,7 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
   watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
   watch_all       `watch` measuring every module output in every step, as the first 16 steps of a run do (after
-                  them the CPU measures the outputs on a stride, train/output_schedule.py: `watch` and `monitor`
+                  them the CPU measures the outputs on a stride, engine/session/output_schedule.py: `watch` and `monitor`
                   are timed there, after a pre-roll of 16 untimed steps)
   monitor         the plain step inside `debug_nan.Monitor.step()` (the Python API's entry point: the same step
                   session as `watch`, its optimizer hook reading the parameters after the step)
@@ -56,13 +56,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_models import PRESETS, build_lm_task  # noqa: E402
 import debug_nan  # noqa: E402
-from debug_nan.checks.stats import flat_tensors, move_to  # noqa: E402
-from debug_nan.checks.tracer import Tracer  # noqa: E402
-from debug_nan.report.log import Log  # noqa: E402
+from debug_nan.engine.stats import flat_tensors, move_to  # noqa: E402
+from debug_nan.engine.trace.tracer import Tracer  # noqa: E402
+from debug_nan.presentation.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
-from debug_nan.train.aam_task import build_aam_task  # noqa: E402
-from debug_nan.train.loop import Trainer, resolve_device  # noqa: E402
-from debug_nan.train.output_schedule import WARM_STEPS, OutputSchedule  # noqa: E402
+from debug_nan.aam.task import build_aam_task  # noqa: E402
+from debug_nan.drivers.trainer.loop import Trainer, resolve_device  # noqa: E402
+from debug_nan.engine.session.output_schedule import WARM_STEPS, OutputSchedule  # noqa: E402
 
 MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
 DEFAULT_MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "detect_anomaly", "naive_hooks",

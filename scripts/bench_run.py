@@ -12,7 +12,7 @@ compiled within the warmup). Each pair runs `python bench_run.py --as-user ...` 
 python bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
 ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time (CPU
 time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps measure
-every module output, later ones on the CPU on a stride (debug_nan/train/output_schedule.py).
+every module output, later ones on the CPU on a stride (debug_nan/engine/session/output_schedule.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 Tables come from scripts/make_sparse_table.py (50-500 features per sample, a random tree). Each measurement
 runs in its own child process, so its peak RSS (ru_maxrss) and CPU time are its own: the table and tree are built first in
 that process (their size is reported as the baseline), then the distances are computed. The built-in engine
-runs through debug_nan.data.unifrac.unifrac_targets with a fresh cache folder (large results memory-mapped
+runs through debug_nan.aam.data.unifrac.unifrac_targets with a fresh cache folder (large results memory-mapped
 there, as in a real run); scikit-bio gets the dense table it needs. Prints one line per run; --json writes all.
 """
 
@@ -70,11 +70,11 @@ def _run(engine: str, metric: str, samples: int, features: int, seed: int, resul
     anonymous = AnonymousPeak()
     start, cpu_start = time.perf_counter(), time.process_time()
     if engine == "skbio":
-        from debug_nan.data.unifrac import unifrac_skbio
+        from debug_nan.aam.data.unifrac import unifrac_skbio
 
         dist = unifrac_skbio(counts, feature_ids, tree, metric)
     else:
-        from debug_nan.data.unifrac import unifrac_targets
+        from debug_nan.aam.data.unifrac import unifrac_targets
 
         cache = tempfile.TemporaryDirectory(prefix="bench-unifrac-")
         os.environ["DEBUG_NAN_CACHE_DIR"] = cache.name

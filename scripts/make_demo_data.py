@@ -6,8 +6,8 @@
 import argparse
 from pathlib import Path
 
-from debug_nan.data.synthetic import synthesize
-from debug_nan.data.writing import write_biom, write_tree
+from debug_nan.aam.data.synthetic import synthesize
+from debug_nan.aam.data.writing import write_biom, write_tree
 
 
 def main() -> None:

@@ -88,7 +88,7 @@ def test_close_removes_the_hooks_and_ends_the_monitor():
 
 
 def test_the_monitor_is_a_step_driver():
-    from debug_nan.checks.driver import StepDriver
+    from debug_nan.engine.replay.driver import StepDriver
 
     task = scenarios.healthy_masks()
     assert isinstance(debug_nan.Monitor(task.model, task.loss), StepDriver)

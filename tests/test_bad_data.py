@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from debug_nan.data.writing import to_biom_table, write_biom, write_tree
+from debug_nan.aam.data.writing import to_biom_table, write_biom, write_tree
 from tests.conftest import TINY
 
 
@@ -345,7 +345,7 @@ def test_bad_data(case: Case, run_cli, tiny_data, tmp_path):
 ])
 def test_synthetic_data_only_when_no_data_was_asked_for(tmp_path, monkeypatch, make_data_folder, reason):
     from debug_nan.settings import RunSettings
-    from debug_nan.train.aam_task import load_or_synthesize
+    from debug_nan.aam.task import load_or_synthesize
 
     monkeypatch.chdir(tmp_path)
     if make_data_folder:

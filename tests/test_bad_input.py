@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from debug_nan.data.writing import write_biom, write_tree
+from debug_nan.aam.data.writing import write_biom, write_tree
 from tests.conftest import SCENARIOS, TINY
 
 
@@ -116,7 +116,7 @@ def test_unwritable_output_paths(run_cli, tmp_path, option):
     blocker.write_text("x")
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     out = CliRunner().invoke(main, ["--config", TINY, option, str(blocker / "out")])
     assert out.exit_code == 2 and f"{option} {blocker / 'out'}" in out.output and "cannot write" in out.output
@@ -147,7 +147,7 @@ def test_ctrl_c_writes_the_partial_summary_and_report(run_cli):
 def test_no_colour_when_not_a_tty_or_no_color(monkeypatch):
     import io
 
-    from debug_nan.report.log import Log
+    from debug_nan.presentation.log import Log
 
     class Tty(io.StringIO):
         def isatty(self):

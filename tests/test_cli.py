@@ -4,8 +4,8 @@ import json
 
 from click.testing import CliRunner
 
-from debug_nan.cli import main
-from debug_nan.data.writing import write_biom, write_tree
+from debug_nan.app.cli import main
+from debug_nan.aam.data.writing import write_biom, write_tree
 
 from tests.conftest import REPO, TINY, run_process
 
@@ -36,7 +36,7 @@ def test_no_guards_reproduces_the_padding_nan(run_cli):
     assert (first["step"], first["micro_step"], first["phase"]) == (1, 1, "forward")
     assert first["module"] == "asv_encoder.transformer.layers.0.attn"
     assert first["op"] == "aten._softmax.default" and first["cause"] == "all_masked_softmax"
-    assert first["kind"] == "nan" and first["source"].startswith("debug_nan/model/attention.py:")
+    assert first["kind"] == "nan" and first["source"].startswith("debug_nan/aam/model/attention.py:")
     assert "all padding" in first["explanation"] and "ASV slots" in first["explanation"]
 
 

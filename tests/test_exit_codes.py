@@ -6,9 +6,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from debug_nan.cli import main
+from debug_nan.app.cli import main
 from debug_nan.errors import InputError
-from debug_nan.runner import run_job
+from debug_nan.app.job import run_job
 from debug_nan.settings import RunSettings
 from tests.conftest import SCENARIOS
 

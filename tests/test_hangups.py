@@ -1,4 +1,4 @@
-"""The SSH session and its streams, with the real console entry point in subprocesses (report/streams.py).
+"""The SSH session and its streams, with the real console entry point in subprocesses (process/streams.py).
 
 SIGHUP: the run goes on as under nohup (the report, --log and bundle are what matters), on a pty that hangs up
 (the master closed, SIGHUP to the job's process group as the login shell sends it), alone or in `2>&1 | tee`.
@@ -207,7 +207,8 @@ def test_an_interrupt_at_any_time_leaves_the_report_and_no_traceback(tmp_path, s
 def test_under_torchrun_a_hang_up_stops_like_sigterm_with_129(monkeypatch):
     """torchrun forwards SIGHUP to its workers and kills them after a grace period: a worker stops at once, with
     the partial report (the loop's KeyboardInterrupt path), exit 129."""
-    from debug_nan.report import interrupts, streams
+    from debug_nan.process import interrupts
+    from debug_nan.process import streams
 
     monkeypatch.setattr(streams, "_terminal_fds", set())
     monkeypatch.setattr(streams, "_hangups", [])

@@ -1,6 +1,14 @@
 """The package's import graph, read from the source (ast): no cycle, and no module importing from a layer above
-its own. data -> model -> checks -> train -> report -> replay / runner / api -> cli, integrations (errors, settings and the
-package root are the foundation every layer may use)."""
+its own. The layers, by role (ARCHITECTURE.md):
+
+    foundation (errors, frames, settings, process/, the package root)
+    -> engine: vocabulary and stats -> watch -> trace -> explain -> replay -> session (no I/O, no loop)
+    -> presentation (log, summary, history, bundles: formats the engine's data)
+    -> the plug-in seam (drivers/task.py, drivers/recipe.py)
+    -> drivers (Trainer, Monitor, frameworks, run) | the built-in AAM task (aam/): side by side, neither imports
+       the other
+    -> application (app/: CLI, jobs, replay command) and the public import paths (integrations/) -> __main__
+"""
 
 import ast
 from functools import lru_cache
@@ -11,27 +19,32 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "debug_nan"
 
 LAYERS = {  # module or package prefix -> layer; the longest matching prefix wins
-    "debug_nan": 0, "debug_nan.errors": 0, "debug_nan.settings": 0,
-    "debug_nan.data": 1,
-    "debug_nan.model": 2,
-    "debug_nan.checks": 3,
-    "debug_nan.train": 4,
-    "debug_nan.report": 5,
-    "debug_nan.replay": 6, "debug_nan.runner": 6, "debug_nan.api": 6,
-    "debug_nan.integrations": 7,  # the framework callbacks, on top of the API (nothing imports them)
-    "debug_nan.launch": 7,  # `debug-nan run`: on the framework step protocol (integrations/session.py)
-    "debug_nan.cli": 7, "debug_nan.cli_help": 7, "debug_nan.cli_options": 7, "debug_nan.__main__": 8,
+    "debug_nan": 0, "debug_nan.errors": 0, "debug_nan.settings": 0, "debug_nan.frames": 0, "debug_nan.process": 0,
+    "debug_nan.engine": 1, "debug_nan.engine.vocabulary": 1, "debug_nan.engine.stats": 1,
+    "debug_nan.engine.watch": 2,
+    "debug_nan.engine.trace": 3,
+    "debug_nan.engine.explain": 4,
+    "debug_nan.engine.replay": 5,
+    "debug_nan.engine.session": 6,
+    "debug_nan.presentation": 7,
+    "debug_nan.drivers.task": 8, "debug_nan.drivers.recipe": 8,
+    "debug_nan.drivers": 9, "debug_nan.aam": 9,
+    "debug_nan.app": 10, "debug_nan.integrations": 10,
+    "debug_nan.__main__": 11,
 }
+SIDE_BY_SIDE = ("debug_nan.drivers", "debug_nan.aam")  # same layer, and neither imports the other (but the seam)
+SEAM = ("debug_nan.drivers.task", "debug_nan.drivers.recipe")
 
 # Imports inside a function: allowed only when listed here, each with its reason. (importer, imported)
 LAZY = {
-    ("debug_nan", "debug_nan.api"): "`import debug_nan` stays light (no torch) for the CLI; Monitor is exposed "
-                                    "on first use",
-    ("debug_nan.cli", "debug_nan.runner"): "--help and usage errors answer without importing torch",
-    ("debug_nan.cli", "debug_nan.replay"): "--help and usage errors answer without importing torch",
-    ("debug_nan.cli", "debug_nan.launch.job"): "--help and usage errors answer without importing torch",
-    ("debug_nan.cli", "debug_nan.report.summary"): "--help and usage errors answer without importing torch",
-    ("debug_nan.cli", "debug_nan.train.distributed"): "--help and usage errors answer without importing torch",
+    ("debug_nan", "debug_nan.drivers.monitor"): "`import debug_nan` stays light (no torch) for the CLI; Monitor is "
+                                                "exposed on first use",
+    ("debug_nan.app.cli", "debug_nan.app.job"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.app.replay"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.app.run_job"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.presentation.summary"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.engine.session.distributed"): "--help and usage errors answer without importing "
+                                                                  "torch",
 }
 
 # Known violations in files other helpers own, removed by their change (the lead deletes the entry at merge).
@@ -50,7 +63,7 @@ def layer(module: str) -> int:
 
 def resolve(module: str, known: set[str]) -> str:
     """An imported name -> the package module it loads (`from debug_nan.train import distributed` names the
-    module debug_nan.train.distributed)."""
+    module debug_nan.engine.session.distributed)."""
     return module if module in known else module.rsplit(".", 1)[0]
 
 
@@ -83,13 +96,24 @@ def imports() -> list[tuple[str, str, bool, int]]:
 def test_the_walk_sees_the_package():
     found = imports()
     assert len({i for i, _, _, _ in found}) > 30
-    assert ("debug_nan.train.session", "debug_nan.checks.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
+    assert ("debug_nan.engine.session.session", "debug_nan.engine.replay.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
 
 
 def test_no_upward_import():
     upward = [f"{i}:{line} imports {t} (layer {layer(i)} -> {layer(t)})" for i, t, _, line in imports()
               if layer(t) > layer(i) and (i, t) not in LAZY and (i, t) not in PENDING]
     assert not upward, "\n".join(upward)
+
+
+def test_drivers_and_the_builtin_task_stand_side_by_side():
+    """The built-in AAM task is a plug-in like any --task: it knows the seam (Task, Recipe), no driver; and no
+    driver knows it (the application picks the task)."""
+    def family(module):
+        return next((f for f in SIDE_BY_SIDE if module == f or module.startswith(f + ".")), None)
+    crossing = [f"{i}:{line} imports {t}" for i, t, _, line in imports()
+                if family(i) and family(t) and family(i) != family(t) and not t.startswith(SEAM)
+                and not i.startswith(SEAM)]
+    assert not crossing, "\n".join(crossing)
 
 
 def test_lazy_imports_are_the_listed_ones():

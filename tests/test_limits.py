@@ -16,8 +16,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from debug_nan.cli import main
-from debug_nan.report.bundle import BUNDLE_VERSION, REQUIRED_KEYS
+from debug_nan.app.cli import main
+from debug_nan.presentation.bundle import BUNDLE_VERSION, REQUIRED_KEYS
 from tests.test_outputs import FAULT_TASKS
 
 TASK = ("--task", "faults.py:healthy", "--device", "cpu", "--max-steps", "1")
@@ -164,7 +164,7 @@ def test_a_caterpillar_tree_past_the_memory_is_refused_before_its_paths_are_buil
     tree's 100 shallowest tips (5,150 entries) are built; the path lengths agree with scikit-bio's ancestors."""
     import numpy as np
 
-    from debug_nan.data import unifrac_sparse
+    from debug_nan.aam.data import unifrac_sparse
     from debug_nan.errors import InputError
 
     monkeypatch.setattr(unifrac_sparse, "available_bytes", lambda: 2**20)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from debug_nan.cli import main
-from debug_nan.data.writing import write_biom, write_tree
+from debug_nan.app.cli import main
+from debug_nan.aam.data.writing import write_biom, write_tree
 from tests.test_bad_data import _fingerprint
 
 FAULT_TASKS = '"""Tasks that fail in the ways a user\'s task can (written into a temp folder by the tests)."""\nimport os\nimport shutil\nimport sys\nimport time\n\nimport torch\nfrom torch import nn\n\n\nclass T:\n    def __init__(self, model, batches, loss):\n        self.model, self.batches, self.loss = model, batches, loss\n\n\ndef _batches(n=4):\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(4, 3, generator=g) for _ in range(n)]\n\n\ndef _square(m, b):\n    return m(b).pow(2).mean()\n\n\ndef healthy():\n    torch.manual_seed(0)\n    return T(nn.Linear(3, 1), _batches(), _square)\n\n\ndef removes_path():\n    """Deletes $FAULT_PATH (a folder) at the second loss call: the report\'s or the plot\'s folder goes away."""\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        if calls[0] == 2:\n            shutil.rmtree(os.environ["FAULT_PATH"], ignore_errors=True)\n        return _square(m, b)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef frozen():\n    model = nn.Linear(3, 1)\n    model.requires_grad_(False)\n    return T(model, _batches(), _square)\n\n\nclass Broken:\n    def __iter__(self):\n        items = [torch.randn(4, 3)]\n        for k in range(3):\n            yield items[k]\n\n\ndef broken_batches():\n    return T(nn.Linear(3, 1), Broken(), _square)\n\n\ndef exits_in_factory():\n    sys.exit(3)\n\n\ndef exits_in_loss():\n    def loss(m, b):\n        sys.exit(3)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef slow():\n    """A step every ~0.1 s, for the signal tests."""\n    def loss(m, b):\n        time.sleep(0.1)\n        return _square(m, b)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef nan_at_step_2():\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        out = m(b).pow(2).mean()\n        return out * float("nan") if calls[0] >= 2 else out\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef interrupted_in_replay():\n    """NaN loss at step 2; the pinpoint replay\'s call of the loss is interrupted (Ctrl-C)."""\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        if calls[0] >= 3:\n            raise KeyboardInterrupt\n        out = m(b).pow(2).mean()\n        return out * float("nan") if calls[0] == 2 else out\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef fails_on_rank_1():\n    if os.environ.get("RANK") == "1":\n        raise ValueError("rank 1 cannot open its shard")\n    return healthy()\n\n\ndef log_of_negative_in_batch_2():\n    """Stateless (replayable): batch 2 holds -3, and the loss takes log(x + 2) of it."""\n    batches = _batches()\n    batches[1][0, 0] = -3.0\n\n    def loss(m, b):\n        return m(b).pow(2).mean() + torch.log(b[0, 0] + 2)\n    return T(nn.Linear(3, 1), batches, loss)\n'
@@ -199,7 +199,7 @@ def test_plot_failure_keeps_the_report_with_the_real_exit_code(fault_dir, monkey
 
 
 def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path):
-    from debug_nan.report.outputs import OutputWriteError, atomic_write
+    from debug_nan.presentation.outputs import OutputWriteError, atomic_write
 
     target = tmp_path / "r.json"
     target.write_text("old")
@@ -214,7 +214,7 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path):
 
 
 def test_atomic_write_through_a_symlink_keeps_the_link_and_the_mode(tmp_path):
-    from debug_nan.report.outputs import write_text_atomic
+    from debug_nan.presentation.outputs import write_text_atomic
 
     real = tmp_path / "real.json"
     real.write_text("old")
@@ -226,7 +226,7 @@ def test_atomic_write_through_a_symlink_keeps_the_link_and_the_mode(tmp_path):
 
 
 def test_out_of_memory_message_names_the_sizes_not_a_guess():
-    from debug_nan.runner import oom_message
+    from debug_nan.app.job import oom_message
     from debug_nan.settings import RunSettings
 
     s = RunSettings(batch_size=2, token_limit=4096, heads=4)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from debug_nan.cli import main
+from debug_nan.app.cli import main
 from tests.test_outputs import FAULT_TASKS
 
 
@@ -76,7 +76,7 @@ def test_replay_of_a_bundle_whose_state_does_not_fit_is_exit_2_with_the_report(t
 def test_an_interrupted_replay_of_a_bundle_with_an_unknown_cause_keeps_its_words():
     """A bundle from a newer debug-nan may name a cause this version does not declare: an interrupt during its
     replay still gives a result (no traceback from inside the interrupt's handler)."""
-    from debug_nan.replay import interrupted_result
+    from debug_nan.app.replay import interrupted_result
 
     finding = dict(step=2, micro_step=1, phase="forward", module="m", module_type="Linear", op="aten.mm.default",
                    kind="nan", cause="some_new_cause", explanation="e", source=None, suggestions=[])

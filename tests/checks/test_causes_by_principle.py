@@ -1,11 +1,11 @@
-"""Causes by what an op can return at finite inputs (checks/causes/principles.py): an op without a pole can only
+"""Causes by what an op can return at finite inputs (engine/explain/causes/principles.py): an op without a pole can only
 overflow, whatever float64 says; an op no rule lists gets its cause from its inputs."""
 
 import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.causes.principles import has_no_pole, zero_slices
+from debug_nan.engine.explain.causes.principles import has_no_pole, zero_slices
 from tests.checks.test_diagnose import traced
 
 

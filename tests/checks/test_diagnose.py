@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.events import OpEvent, named_tensors
-from debug_nan.checks.tracer import Tracer
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.trace.events import OpEvent, named_tensors
+from debug_nan.engine.trace.tracer import Tracer
 
 
 def traced(fn):
@@ -193,7 +193,7 @@ def _softmax_event(module_class: str) -> tuple[OpEvent, dict]:
 
 
 def test_aam_wording_only_for_the_built_in_model():
-    event, batch = _softmax_event("debug_nan.model.attention.SelfAttention")
+    event, batch = _softmax_event("debug_nan.aam.model.attention.SelfAttention")
     cause, explanation, suggestions = diagnose(event, batch)
     assert cause == "all_masked_softmax" and "ASV slots 1 of sample S1" in explanation
     assert "token-limited collate" in explanation and any("--guards" in s for s in suggestions)
@@ -207,9 +207,9 @@ def test_aam_wording_only_for_the_built_in_model():
 def test_one_declared_vocabulary():
     """Every cause has its suggestions and no suggestion list is for an undeclared cause; a finding with an
     undeclared cause or phase cannot be made, and a declared one is kept as its plain string."""
-    from debug_nan.checks.causes.wording import SUGGESTIONS
-    from debug_nan.checks.finding import Finding
-    from debug_nan.checks.vocabulary import Cause, Phase
+    from debug_nan.engine.explain.causes.wording import SUGGESTIONS
+    from debug_nan.engine.explain.finding import Finding
+    from debug_nan.engine.vocabulary import Cause, Phase
 
     assert set(SUGGESTIONS) == {c.value for c in Cause}
     fields = dict(step=1, micro_step=1, module="", module_type="", op=None, kind="nan", explanation="",
@@ -224,7 +224,7 @@ def test_one_declared_vocabulary():
 def test_advice_in_each_entry_points_words():
     """A CLI flag (and the value shown with it) becomes what that entry point's user sets; the sentence around it
     stays whole."""
-    from debug_nan.checks.vocabulary import in_dialect
+    from debug_nan.engine.vocabulary import in_dialect
 
     text = "Clip with --max-grad-norm 1.0. Or use --precision bf16."
     assert in_dialect(text, "cli") == text

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 
-from debug_nan.checks.history import MAX_RUNS, History
-from debug_nan.checks.watch_result import MicroResult, Segment
+from debug_nan.engine.watch.history import MAX_RUNS, History
+from debug_nan.engine.watch.watch_result import MicroResult, Segment
 
 
 def result(outputs: dict[str, tuple[float, float]] | None = None, loss: float = 1.0,

@@ -3,7 +3,7 @@ thinning stride of older ones (memory and the JSON report)."""
 
 import json
 
-from debug_nan.checks.history import RECENT_STEPS, SPARSE_STEPS, History
+from debug_nan.engine.watch.history import RECENT_STEPS, SPARSE_STEPS, History
 from tests.checks.test_history import result, run
 
 MODULES = {f"blocks.{i}.{part}": (-1.0, 2.0) for i in range(59) for part in ("attn", "mlp", "ln1", "ln2", "drop")}

@@ -6,8 +6,8 @@ import math
 import torch
 from torch import nn
 
-from debug_nan.checks.norms import BIG, l2_norms, state_sums
-from debug_nan.checks.watch import Watch
+from debug_nan.engine.watch.norms import BIG, l2_norms, state_sums
+from debug_nan.engine.watch.watch import Watch
 
 
 def test_large_tensors_are_summed_and_small_ones_normed():

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from debug_nan.checks.driver import StepDriver, StepInputs
-from debug_nan.checks.pinpoint import Pinpointer
-from debug_nan.checks.snapshot import Snapshot, capture_rng
-from debug_nan.checks.watch import Check
+from debug_nan.engine.replay.driver import StepDriver, StepInputs
+from debug_nan.engine.replay.pinpoint import Pinpointer
+from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
+from debug_nan.engine.watch.watch import Check
 from tests.tasks import users_run
 
 

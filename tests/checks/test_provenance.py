@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.tracer import Tracer
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.trace.tracer import Tracer
 from tests import scenarios
 
 D = 4

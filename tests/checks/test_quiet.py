@@ -1,7 +1,7 @@
-"""Quiet failures read from the history (checks/quiet.py)."""
+"""Quiet failures read from the history (engine/watch/quiet.py)."""
 
-from debug_nan.checks.history import History
-from debug_nan.checks.quiet import quiet_warnings
+from debug_nan.engine.watch.history import History
+from debug_nan.engine.watch.quiet import quiet_warnings
 
 
 def _history(*records: dict) -> History:
@@ -41,7 +41,7 @@ def test_huge_finite_activations_but_not_mask_constants():
 def test_a_note_never_says_never_reached_when_harm_came_later():
     import numpy as np
 
-    from debug_nan.checks.watch_result import MicroResult, Segment
+    from debug_nan.engine.watch.watch_result import MicroResult, Segment
 
     h = History()
     for step, (out, loss) in enumerate([(np.nan, 1.0), (1.0, np.nan)], start=1):

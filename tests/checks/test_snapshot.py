@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.snapshot import Snapshot, capture_rng, restore_rng
+from debug_nan.engine.replay.snapshot import Snapshot, capture_rng, restore_rng
 
 
 class Net(nn.Module):

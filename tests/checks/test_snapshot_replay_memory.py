@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.events import split_foreach
-from debug_nan.checks.tracer import Tracer
-from debug_nan.checks.watch import param_and_state_tensors
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.trace.events import split_foreach
+from debug_nan.engine.trace.tracer import Tracer
+from debug_nan.engine.watch.watch import param_and_state_tensors
 
 
 class Recorder(TorchDispatchMode):

@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.events import op_info
-from debug_nan.checks.tracer import Tracer
-from debug_nan.checks.watch import Watch
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.trace.events import op_info
+from debug_nan.engine.trace.tracer import Tracer
+from debug_nan.engine.watch.watch import Watch
 from tests.checks.test_watch_syncs import HostSyncs
 
 
@@ -109,10 +109,10 @@ def test_a_training_step_of_a_batchnorm_model_keeps_one_sync_per_micro_batch():
     import io
     import itertools
 
-    from debug_nan.report.log import Log
+    from debug_nan.presentation.log import Log
     from debug_nan.settings import build_settings
-    from debug_nan.train.loop import Trainer
-    from debug_nan.train.task import Task
+    from debug_nan.drivers.trainer.loop import Trainer
+    from debug_nan.drivers.task import Task
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))

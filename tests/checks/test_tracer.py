@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.diagnose import diagnose
-from debug_nan.checks.tracer import TAG, StopReplay, Tracer
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.trace.tracer import TAG, StopReplay, Tracer
 from debug_nan.errors import describe_exception
 from debug_nan.frames import PACKAGE_DIR, TORCH_DIR, frame_kind, short_path
-from debug_nan.model.attention import SelfAttention
+from debug_nan.aam.model.attention import SelfAttention
 
 
 def _graph_tags(root) -> dict[str, set]:
@@ -180,11 +180,12 @@ def test_buffer_holding_a_mask_is_a_deliberate_origin_of_its_own():
 
 
 def test_frame_kinds_from_the_package_layout():
-    assert frame_kind(os.path.join(PACKAGE_DIR, "checks", "tracer.py")) == "tool"
-    assert frame_kind(os.path.join(PACKAGE_DIR, "train", "loop.py")) == "tool"
-    assert frame_kind(os.path.join(PACKAGE_DIR, "model", "attention.py")) == "user"
-    assert frame_kind(os.path.join(PACKAGE_DIR, "data", "batches.py")) == "user"
-    assert frame_kind(os.path.join(PACKAGE_DIR, "train", "aam_task.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "engine", "trace", "tracer.py")) == "tool"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "drivers", "trainer", "loop.py")) == "tool"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "model", "attention.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "data", "batches.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "task.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "engine", "trace", "tracer.py")) == "tool"
     assert frame_kind(os.path.join(TORCH_DIR, "optim", "adam.py")) == "torch"
     assert frame_kind(os.path.join(TORCH_DIR, "utils", "_python_dispatch.py")) == "plumbing"
     assert frame_kind(__file__) == "user"
@@ -198,8 +199,8 @@ def test_built_in_model_source_line_is_the_model_file():
     with Tracer(attn) as tr:
         loss = attn(torch.randn(2, 5, 8), valid).sum()
     origin = tr.origin_of(loss)
-    assert origin.op == "aten._softmax.default" and origin.source.startswith("debug_nan/model/attention.py:")
-    assert origin.module_class == "debug_nan.model.attention.SelfAttention"
+    assert origin.op == "aten._softmax.default" and origin.source.startswith("debug_nan/aam/model/attention.py:")
+    assert origin.module_class == "debug_nan.aam.model.attention.SelfAttention"
 
 
 def test_errors_and_frames_load_without_torch():

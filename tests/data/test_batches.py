@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from debug_nan.data.batches import Collator, check_batch, select_asvs
-from debug_nan.data.tokens import START
+from debug_nan.aam.data.batches import Collator, check_batch, select_asvs
+from debug_nan.aam.data.tokens import START
 
 
 def test_truncation_orders():

@@ -3,8 +3,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from debug_nan.data.loading import find_data_files, load_dataset
-from debug_nan.data.writing import write_biom, write_tree
+from debug_nan.aam.data.loading import find_data_files, load_dataset
+from debug_nan.aam.data.writing import write_biom, write_tree
 from debug_nan.errors import InputError
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 
-from debug_nan.data.synthetic import synthesize
-from debug_nan.data.unifrac import unifrac_matrix
+from debug_nan.aam.data.synthetic import synthesize
+from debug_nan.aam.data.unifrac import unifrac_matrix
 
 
 def test_deterministic_under_seed():
@@ -54,7 +54,7 @@ def test_same_data_as_before_under_the_same_seed():
 
 
 def test_size_is_estimated_and_said_before_the_work():
-    from debug_nan.data.synthetic import estimate_synthetic_bytes
+    from debug_nan.aam.data.synthetic import estimate_synthetic_bytes
 
     lines = []
     synthesize(8, 16, seed=0, log=lines.append)
@@ -68,7 +68,7 @@ def test_size_is_estimated_and_said_before_the_work():
 def test_a_synthetic_table_that_cannot_fit_stops_before_the_work():
     import pytest
 
-    from debug_nan.data.synthetic import check_synthetic_fits
+    from debug_nan.aam.data.synthetic import check_synthetic_fits
     from debug_nan.errors import InputError
 
     assert check_synthetic_fits(48, 512, available=2**30) < 2**30

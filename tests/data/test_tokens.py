@@ -1,6 +1,6 @@
 import numpy as np
 
-from debug_nan.data.tokens import ASV_LEN, START, looks_like_hash, tokenize
+from debug_nan.aam.data.tokens import ASV_LEN, START, looks_like_hash, tokenize
 
 
 def test_tokens_map_bases_and_start():

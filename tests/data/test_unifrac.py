@@ -8,9 +8,9 @@ import scipy.sparse as sp
 from skbio import TreeNode
 from skbio.diversity import beta_diversity
 
-import debug_nan.data.unifrac_sparse as engine
-from debug_nan.data.batches import Collator
-from debug_nan.data.unifrac import compute_unifrac, unifrac_matrix, unifrac_targets
+import debug_nan.aam.data.unifrac_sparse as engine
+from debug_nan.aam.data.batches import Collator
+from debug_nan.aam.data.unifrac import compute_unifrac, unifrac_matrix, unifrac_targets
 from debug_nan.errors import InputError
 
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-import debug_nan.data.unifrac_cache as cache
-from debug_nan.data.unifrac import unifrac_targets
+import debug_nan.aam.data.unifrac_cache as cache
+from debug_nan.aam.data.unifrac import unifrac_targets
 
 
 @pytest.fixture

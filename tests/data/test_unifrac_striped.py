@@ -6,8 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from debug_nan.data.unifrac import unifrac_matrix, unifrac_targets
-from debug_nan.data.unifrac_striped import striped_version
+from debug_nan.aam.data.unifrac import unifrac_matrix, unifrac_targets
+from debug_nan.aam.data.unifrac_striped import striped_version
 from debug_nan.errors import InputError
 
 INSTALLED = striped_version() is not None

@@ -11,10 +11,10 @@ import pytest
 import scipy.sparse as sp
 import skbio
 
-from debug_nan.data.loading import drop_empty, find_data_files
-from debug_nan.data.progress import Phase, human_bytes
-from debug_nan.data.readers import check_input_file, load_biom, load_tree, read_fasta
-from debug_nan.data.validation import (check_counts, check_sequences, check_tree, check_tree_length,
+from debug_nan.aam.data.loading import drop_empty, find_data_files
+from debug_nan.aam.data.progress import Phase, human_bytes
+from debug_nan.aam.data.readers import check_input_file, load_biom, load_tree, read_fasta
+from debug_nan.aam.data.validation import (check_counts, check_sequences, check_tree, check_tree_length,
                                        check_unique_ids, some)
 from debug_nan.errors import InputError
 

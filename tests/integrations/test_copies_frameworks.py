@@ -1,4 +1,4 @@
-"""The state copied every few steps under the Lightning and HF callbacks (train/copies.py): a NaN learning rate
+"""The state copied every few steps under the Lightning and HF callbacks (engine/session/copies.py): a NaN learning rate
 set by the framework's own scheduler at step 5 is replayed after re-running the steps since the copy, and the
 finding is the one an every-step copy gives.
 

@@ -1,5 +1,5 @@
 """`outputs_every=` reaches the step session from every entry point: the Monitor and the Lightning / HF callbacks
-measure module outputs every N steps (train/output_schedule.py), and the loss and gradients in every step."""
+measure module outputs every N steps (engine/session/output_schedule.py), and the loss and gradients in every step."""
 
 import pytest
 import torch
@@ -46,7 +46,7 @@ def test_lightning(tmp_path):
     trainer.fit(parity.lightning_module(parity.gpt2(), parity.adamw()),
                 DataLoader(parity.token_batches(STEPS), batch_size=None))
     assert callback.status == "clean"
-    assert_strided(callback.monitor.session.history)
+    assert_strided(callback.driver.session.history)
 
 
 def test_hf(tmp_path):
@@ -68,4 +68,4 @@ def test_hf(tmp_path):
     trainer.add_callback(callback)
     trainer.train()
     assert callback.status == "clean"
-    assert_strided(callback.monitor.session.history)
+    assert_strided(callback.driver.session.history)

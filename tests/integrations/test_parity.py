@@ -33,7 +33,7 @@ pytest.importorskip("accelerate")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import debug_nan  # noqa: E402
-from debug_nan.cli import main  # noqa: E402
+from debug_nan.app.cli import main  # noqa: E402
 from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
 from tests.integrations import parity  # noqa: E402

@@ -1,6 +1,6 @@
 import torch
 
-from debug_nan.model.aam import AAMConfig, AAMModel
+from debug_nan.aam.model.aam import AAMConfig, AAMModel
 
 
 def _batch(b=3, a=16, used=(10, 4, 16)):

@@ -25,7 +25,7 @@ def test_task_bundle_replays_through_the_task_reference(run_cli, tmp_path):
     assert (run.first["step"], run.first["micro_step"]) == (2, 3)
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     out = CliRunner().invoke(main, ["replay", run.first["bundle"], "--report", str(tmp_path / "r.json")])
     assert out.exit_code == 1, out.output
@@ -37,7 +37,7 @@ def test_optimizer_phase_bundle(run_cli, tmp_path):
     run = run_cli("--task", f"{SCENARIOS}:adam_eps_zero", "--device", "cpu")
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     out = CliRunner().invoke(main, ["replay", run.first["bundle"], "--report", str(tmp_path / "r.json")])
     again = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
@@ -47,7 +47,7 @@ def test_optimizer_phase_bundle(run_cli, tmp_path):
 def test_not_a_bundle_is_exit_2(tmp_path):
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     junk = tmp_path / "junk.pt"
     junk.write_text("nope")
@@ -61,7 +61,7 @@ def test_task_bundle_replays_where_the_task_file_is_gone(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     work = tmp_path / "work"
     work.mkdir()

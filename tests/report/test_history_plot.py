@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from debug_nan.report.history_plot import SPECIAL, grids, plot_history
+from debug_nan.presentation.history_plot import SPECIAL, grids, plot_history
 from tests.report.test_history_table import deep_history
 
 np = pytest.importorskip("numpy")

@@ -4,9 +4,9 @@ import math
 
 from torch import nn
 
-from debug_nan.checks.history import History
-from debug_nan.report.history_rows import build_rows, units
-from debug_nan.report.history_table import history_lines, short_labels, sparkline
+from debug_nan.engine.watch.history import History
+from debug_nan.presentation.history_rows import build_rows, units
+from debug_nan.presentation.history_table import history_lines, short_labels, sparkline
 from tests.conftest import SCENARIOS
 from tests.tasks import deep_stack
 

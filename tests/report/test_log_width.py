@@ -5,8 +5,8 @@ import pytest
 from click.testing import CliRunner
 
 import debug_nan
-from debug_nan.cli import main
-from debug_nan.report.line_width import fit
+from debug_nan.app.cli import main
+from debug_nan.presentation.line_width import fit
 from tests.conftest import REPO
 
 DEEP = REPO / "tests" / "tasks" / "deep_stack.py"
@@ -33,7 +33,7 @@ def test_fit_wraps_under_the_text():
 
 
 def test_the_width_can_be_set_or_turned_off(monkeypatch, capsys):
-    from debug_nan.report.log import Log
+    from debug_nan.presentation.log import Log
 
     monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
     Log()("x " * 80)
@@ -95,7 +95,7 @@ def test_help_is_grouped_and_describes_the_task_interface():
 def test_an_all_zero_tensor_has_no_headroom():
     import torch
 
-    from debug_nan.checks.stats import tensor_stats
+    from debug_nan.engine.stats import tensor_stats
 
     line = tensor_stats(torch.zeros(3)).line()
     assert "headroom" not in line and "inf" not in line.lower().replace("+inf 0", "").replace("-inf 0", "")

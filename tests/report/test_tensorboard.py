@@ -5,7 +5,7 @@ import math
 import pytest
 
 from debug_nan.errors import InputError
-from debug_nan.report.tensorboard import check_tensorboard, write_tensorboard
+from debug_nan.presentation.tensorboard import check_tensorboard, write_tensorboard
 from tests.conftest import SCENARIOS
 from tests.report.test_history_table import deep_history
 

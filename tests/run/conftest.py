@@ -3,7 +3,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from debug_nan.cli import main
+from debug_nan.app.cli import main
 from tests.conftest import Run
 
 

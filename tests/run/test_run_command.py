@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from debug_nan.errors import InputError
-from debug_nan.launch.command import exit_code, resolve
+from debug_nan.app.command import exit_code, resolve
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,7 +76,7 @@ def test_resolve_the_forms_of_a_command(tmp_path, monkeypatch):
     module = resolve(["python3", "-m", "pkg.train", "--x"])
     assert (module.kind, module.target, module.argv) == ("module", "pkg.train", ["pkg.train", "--x"])
     entry = resolve(["debug-nan", "--version"])  # this package's own console script
-    assert (entry.kind, entry.target, entry.argv[1:]) == ("entry point", "debug_nan.cli:main", ["--version"])
+    assert (entry.kind, entry.target, entry.argv[1:]) == ("entry point", "debug_nan.app.cli:main", ["--version"])
 
 
 @pytest.mark.parametrize("words, message", [
@@ -179,7 +179,7 @@ def test_no_output_is_written_over_the_command_or_its_files(tmp_path, run_here):
     and the script and the user's results file are untouched."""
     from click.testing import CliRunner
 
-    from debug_nan.cli import main
+    from debug_nan.app.cli import main
 
     (tmp_path / "train.py").write_text(RAISES)
     (tmp_path / "results.json").write_text('{"mine": 1}')
@@ -195,7 +195,7 @@ def test_no_output_is_written_over_the_command_or_its_files(tmp_path, run_here):
 def test_an_interrupted_pinpoint_keeps_the_watch_finding(tmp_path, run_here, monkeypatch):
     """Ctrl-C while the failing micro-batch is replayed under the tracer: the trip the watch saw is reported (no
     op), the run is marked interrupted, exit 130."""
-    from debug_nan.checks.pinpoint import Pinpointer
+    from debug_nan.engine.replay.pinpoint import Pinpointer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from debug_nan.checks.watch import Watch
+from debug_nan.engine.watch.watch import Watch
 from tests.run.script_runs import alone, watched, write
 
 COMPILED = """

@@ -1,10 +1,10 @@
-"""The global hooks of `debug-nan run` (launch/hooks.py), in this process on a tiny model: how a script's calls
+"""The global hooks of `debug-nan run` (drivers/run/hooks.py), in this process on a tiny model: how a script's calls
 become micro-batches and steps, and that uninstall() leaves torch as it was."""
 
 import pytest
 import torch
 
-from debug_nan.launch.hooks import Hooks, RunStopped
+from debug_nan.drivers.run.hooks import Hooks, RunStopped
 
 
 class Recorder:

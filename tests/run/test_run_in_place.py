@@ -1,5 +1,5 @@
 """`debug-nan run` answers in place: the failing micro-batch is replayed from the run's own state and the tape of
-the script's code around the model (launch/tape.py), never by running the script again. Each script here is one
+the script's code around the model (drivers/run/tape.py), never by running the script again. Each script here is one
 shape of real loss code (a gradient penalty, two forwards per micro-batch, a compiled model, files written every
 step), with its NaN's origin derived by hand."""
 

@@ -14,7 +14,7 @@ from tests.run.side_by_side import TRAIN, env, plain
 
 def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch):
     """The report's real atomic write, its fsync failing as a full disk's does."""
-    import debug_nan.report.outputs as outputs
+    import debug_nan.presentation.outputs as outputs
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")

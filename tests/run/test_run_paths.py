@@ -1,13 +1,13 @@
 """`debug-nan run`'s outputs never land on a file of the user's command: paths are absolute from the start (a
 script that chdirs does not move them), an existing file that is not debug-nan's is refused (exit 2), and a path
-the command opened or imported while it ran gets the output beside it, said so (debug_nan/launch/paths.py)."""
+the command opened or imported while it ran gets the output beside it, said so (debug_nan/app/run_paths.py)."""
 
 import json
 
 import pytest
 
 from debug_nan.errors import InputError
-from debug_nan.launch import paths
+from debug_nan.app import run_paths as paths
 from tests.run.side_by_side import TRAIN, plain, watched
 
 pytestmark = pytest.mark.e2e

@@ -1,11 +1,11 @@
-"""The talk between the ranks of `debug-nan run` under torchrun (launch/ranks.py), in one process: the other rank's
+"""The talk between the ranks of `debug-nan run` under torchrun (drivers/run/ranks.py), in one process: the other rank's
 side is written into the store by hand. (tests/run/test_run_ddp.py runs them.)"""
 
 import pytest
 import torch.distributed as dist
 
-from debug_nan.launch.ranks import Ranks, RanksUnanswered
-from debug_nan.train.distributed import DistContext
+from debug_nan.drivers.run.ranks import Ranks, RanksUnanswered
+from debug_nan.engine.session.distributed import DistContext
 
 
 def ranks(rank: int = 0, world: int = 2) -> Ranks:

@@ -1,12 +1,12 @@
-"""The tape of the script's code around the model (launch/tape.py): what is recorded, and a replay that computes
+"""The tape of the script's code around the model (drivers/run/tape.py): what is recorded, and a replay that computes
 the run's values again bit for bit, or says why it cannot."""
 
 import pytest
 import torch
 from torch import nn
 
-from debug_nan.checks.driver import NotReplayable
-from debug_nan.launch.tape import Recorder, Tape, call_arguments
+from debug_nan.engine.replay.driver import NotReplayable
+from debug_nan.drivers.run.tape import Recorder, Tape, call_arguments
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def recorder():
 
 
 def forward(recorder: Recorder, tape: Tape, model: nn.Module, x: torch.Tensor, first: bool = True):
-    """What launch/hooks.py does around a model call: its tensors bound, the recorder off inside it."""
+    """What drivers/run/hooks.py does around a model call: its tensors bound, the recorder off inside it."""
     if first:
         tape.first_inputs((x,), {})
     entry = tape.model_call((), {}) if first else tape.model_call((x,), {})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from debug_nan.errors import InputError
-from debug_nan.train.checkpoint import load_model_state, split_checkpoint
+from debug_nan.drivers.trainer.checkpoint import load_model_state, split_checkpoint
 from tests.tasks import resume_task
 
 TASK = Path(resume_task.__file__)
@@ -166,7 +166,7 @@ def test_layouts_unit():
 
 
 def test_the_built_in_pipeline_resumes_from_its_own_weights(run_cli, tmp_path):
-    from debug_nan.model.aam import AAMConfig, AAMModel
+    from debug_nan.aam.model.aam import AAMConfig, AAMModel
     from debug_nan.settings import build_settings
     from tests.conftest import TINY
 

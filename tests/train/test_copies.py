@@ -1,7 +1,7 @@
-"""The state copied every few steps (train/copies.py): every finding is the one an every-step copy gives.
+"""The state copied every few steps (engine/session/copies.py): every finding is the one an every-step copy gives.
 
 A forward/backward trip between copies copies the live state (that step's start); an optimizer update that made a
-parameter non-finite is replayed after re-running the steps since the copy (checks/catch_up.py), checked bit for
+parameter non-finite is replayed after re-running the steps since the copy (engine/replay/catch_up.py), checked bit for
 bit against the watch's reading of the run's state; a loop whose update the replay does not know is told so."""
 
 import time
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import debug_nan
-from debug_nan.checks.driver import StepInputs
-from debug_nan.checks.watch_result import MicroResult, Segment
-from debug_nan.train.copies import MAX_SNAPSHOT_EVERY, StateCopies
+from debug_nan.engine.replay.driver import StepInputs
+from debug_nan.engine.watch.watch_result import MicroResult, Segment
+from debug_nan.engine.session.copies import MAX_SNAPSHOT_EVERY, StateCopies
 from tests import state_bugs
 from tests.checks.test_state_bugs import task
 from tests.integrations import parity
@@ -173,7 +173,7 @@ def _refuse(*_args, **_kwargs):
 
 def test_keep_going_stops_where_the_state_before_the_update_cannot_be_rebuilt(run_cli, monkeypatch):
     """Going on from the older copy would drop the updates since it: --keep-going stops there instead."""
-    monkeypatch.setattr("debug_nan.train.copies.catch_up", _refuse)
+    monkeypatch.setattr("debug_nan.engine.session.copies.catch_up", _refuse)
     run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "8", "--snapshot-every", "3", "--keep-going"))
     assert run.code == 1 and run.report["steps_run"] == 6 and len(run.report["findings"]) == 1, run.output
     assert (run.first["step"], run.first["phase"], run.first["op"]) == (5, "optimizer", None)
@@ -185,7 +185,7 @@ def _interrupt(*_args, **_kwargs):
 
 
 def test_an_interrupt_during_the_re_run_keeps_the_watchs_finding(run_cli, monkeypatch):
-    monkeypatch.setattr("debug_nan.train.copies.catch_up", _interrupt)
+    monkeypatch.setattr("debug_nan.engine.session.copies.catch_up", _interrupt)
     run = run_cli(*task("poly_lr_past_its_end", "--max-steps", "6", "--snapshot-every", "3"))
     assert run.report["interrupted"] and run.report["status"] == "nonfinite", run.output
     assert (run.first["step"], run.first["phase"], run.first["watch"]) == (5, "optimizer", "param `0.weight` = nan")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from debug_nan.settings import RunSettings
-from debug_nan.train.evaluate import harmed_values
-from debug_nan.train.loop import Trainer
-from debug_nan.train.task import load_task
+from debug_nan.drivers.trainer.evaluate import harmed_values
+from debug_nan.drivers.trainer.loop import Trainer
+from debug_nan.drivers.task import load_task
 from tests.conftest import TINY
 from tests.tasks import eval_task
 

@@ -4,8 +4,8 @@ depend on it (checked through the CLI below)."""
 
 import pytest
 
-from debug_nan.train import output_schedule as schedule_module
-from debug_nan.train.output_schedule import MAX_OUTPUTS_EVERY, WARM_STEPS, OutputSchedule
+from debug_nan.engine.session import output_schedule as schedule_module
+from debug_nan.engine.session.output_schedule import MAX_OUTPUTS_EVERY, WARM_STEPS, OutputSchedule
 from tests.conftest import REPO
 
 BUGS = REPO / "tests" / "public_bugs.py"
@@ -119,7 +119,7 @@ def test_zero_is_chosen_and_a_negative_stride_is_refused(clock):
 def test_a_note_counts_the_later_steps_beyond_its_ranges_in_measured_steps():
     """Outputs measured every 4th step, a mask held in each, then broken up: the ranges stop at MAX_RUNS and the
     rest are counted as steps, not as the step numbers they span."""
-    from debug_nan.checks.history import MAX_RUNS, NonfiniteSeries
+    from debug_nan.engine.watch.history import MAX_RUNS, NonfiniteSeries
 
     series, previous = NonfiniteSeries("output", "attn"), None
     measured = list(range(4, 4 * 99 + 1, 4))  # 99 measured steps
@@ -136,7 +136,7 @@ def test_a_note_counts_the_later_steps_beyond_its_ranges_in_measured_steps():
 
 def test_the_cost_counts_each_hooked_call_besides_the_hooks_own_time(clock):
     """900 hooked calls a step at HOOK_CALL_SECONDS (4 us): 3.6 ms of a 100 ms step, with no time in the hooks."""
-    from debug_nan.train.output_schedule import HOOK_CALL_SECONDS
+    from debug_nan.engine.session.output_schedule import HOOK_CALL_SECONDS
 
     s = OutputSchedule(None, adaptive=True)
     for _ in range(WARM_STEPS):

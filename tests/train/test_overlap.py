@@ -1,4 +1,4 @@
-"""train/overlap.py: gradients averaged during the backward equal DDP's, and no rank is ever stranded.
+"""drivers/trainer/overlap.py: gradients averaged during the backward equal DDP's, and no rank is ever stranded.
 
 Two gloo processes per test (spawned, a file store: no port); each writes what it saw to a JSON file."""
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from debug_nan.train.distributed import DistContext
-from debug_nan.train.overlap import OverlappedAllReduce, plan_buckets
+from debug_nan.engine.session.distributed import DistContext
+from debug_nan.drivers.trainer.overlap import OverlappedAllReduce, plan_buckets
 from tests.scenarios import FailingBackward
 
 

@@ -1,0 +1,314 @@
+"""One job from settings to exit code: header, task, training with checks, summary, JSON report.
+
+run_job returns the process exit code. Bad usage or bad input (an InputError, or an out-of-memory error outside
+the training loop, turned into one that names the option to lower) propagates to the cli, which prints it,
+writes the error report and exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import torch
+
+import debug_nan
+from debug_nan.engine.replay.driver import is_out_of_memory
+from debug_nan.process.memory import available_bytes, size_text
+from debug_nan.aam.data.tokens import ASV_LEN
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.presentation.bundle import write_bundle
+from debug_nan.presentation.history_plot import check_plot_available, plot_history
+from debug_nan.presentation.history_table import history_lines
+from debug_nan.presentation.line_width import LINE_WIDTH, log_width
+from debug_nan.presentation.log import Log
+from debug_nan.process import streams
+from debug_nan.presentation.step_line import StepLines
+from debug_nan.process.interrupts import interrupt_code, interrupt_name
+from debug_nan.presentation.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
+                                        job_outputs)
+from debug_nan.presentation.summary import exit_code, finding_lines, report_dict, write_report, write_summary
+from debug_nan.presentation.tensorboard import check_tensorboard, finding_markdown, write_tensorboard
+from debug_nan.settings import RunSettings
+from debug_nan.engine.session import distributed
+from debug_nan.aam.task import build_aam_task
+from debug_nan.drivers.trainer.device import resolve_device
+from debug_nan.drivers.trainer.loop import Trainer
+from debug_nan.engine.session.outcome import RunResult
+from debug_nan.drivers.task import load_task
+
+
+def header(log: Log, s: RunSettings, device: torch.device) -> None:
+    log.rule(f"debug-nan {debug_nan.__version__}")
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    log(f"  torch {torch.__version__} | python {platform.python_version()} | device {device}{gpu}")
+    data = "" if s.task else f" | batch {s.batch_size} | token limit {s.token_limit}"
+    log(f"  task {s.task or 'built-in AAM pipeline'} | steps {s.max_steps} x {s.gradient_accumulation_steps} "
+        f"micro-batch(es){data} | precision {s.precision} | seed {s.seed}")
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def _bytes(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+) ?(\w+)", text.strip())
+    return float(m.group(1)) * UNITS[m.group(2)] if m and m.group(2) in UNITS else None
+
+
+def _size(n: float) -> str:
+    return size_text(n, 2)
+
+
+def builtin_model_sizes(s: RunSettings) -> list[tuple[str, float, str]]:
+    """(what, bytes per layer, how to shrink it) for the built-in model's largest activations at these settings."""
+    item = 2 if s.precision in ("bf16", "fp16") else 4
+    b, a, h, d, n = s.batch_size, s.token_limit, s.heads, s.d_model, ASV_LEN
+    rows = b * a if not s.asv_chunk_size else min(s.asv_chunk_size, b * a)
+    encoder = f"batch {b} x token limit {a}" if not s.asv_chunk_size else f"--asv-chunk-size {s.asv_chunk_size}"
+    return [
+        (f"ASV encoder attention scores [{encoder} ASVs x {h} heads x {n} x {n}]", rows * h * n * n * item,
+         "--asv-chunk-size bounds it" if not s.asv_chunk_size else "a smaller --asv-chunk-size shrinks it"),
+        (f"ASV encoder activations [{encoder} ASVs x {n} x d_model {d}]", rows * n * d * item,
+         "--asv-chunk-size bounds it" if not s.asv_chunk_size else "a smaller --asv-chunk-size shrinks it"),
+        (f"sample-level attention scores [batch {b} x {h} heads x token limit {a} x {a}]", b * h * a * a * item,
+         "it grows with the square of --token-limit; --asv-chunk-size does not change it"),
+    ]
+
+
+def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None) -> str:
+    """What failed (the allocation's size), the peak so far, the sizes of the model's largest activations at these
+    settings (the built-in model), and which option lowers which."""
+    text = str(exc)
+    size = re.search(r"(?:Tried to allocate|you tried to allocate) ([\d.]+ ?\w+)", text)
+    failed = f"an allocation of {size.group(1)} failed" if size else (text.splitlines()[0] if text else "out of memory")
+    if device is not None and device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        where = f"CUDA ran out of memory on {device}: {failed}; peak allocated {peak:.2f} GiB of {total:.1f} GiB."
+    else:
+        where = f"The CPU ran out of memory: {failed}."
+    if s.task:
+        return f"{where} To fit, lower the batch size or sequence length your task uses."
+    sizes = builtin_model_sizes(s)
+    listed = "; ".join(f"{what} = {_size(n)} per layer ({how})" for what, n, how in sizes)
+    wanted = _bytes(size.group(1)) if size else None
+    match = ""
+    if wanted:
+        what, n, _ = min(sizes, key=lambda row: abs(math.log(max(row[1], 1) / wanted)))
+        if 0.5 <= n / wanted <= 2:
+            match = f" The failed allocation is the size of the {what.split(' [')[0]}."
+    lower = [f"--token-limit (now {s.token_limit})"]
+    if s.batch_size > 2:
+        lower.append(f"--batch-size (now {s.batch_size}; 2 is the smallest, UniFrac needs pairs)")
+    advice = (f"lower {' or '.join(lower)}" + ("" if s.asv_chunk_size else ", or bound the ASV encoder with "
+                                               "--asv-chunk-size (e.g. 512)"))
+    if s.batch_size <= 2 and s.asv_chunk_size:
+        advice += f" or a smaller --asv-chunk-size (now {s.asv_chunk_size})"
+    return f"{where} At these settings the built-in model holds: {listed}.{match} To fit, {advice}."
+
+
+def attention_probability_bytes(s: RunSettings) -> int:
+    """The lower bound check_activation_memory refuses on: the built-in model's attention probabilities of one
+    micro-batch, every layer (scripts/gpu_check.py sizes a real out-of-memory just under it)."""
+    asv, _, sample = builtin_model_sizes(s)
+    copies = 2 if s.dropout > 0 else 1  # softmax keeps its output; dropout keeps what it passes on
+    return int(copies * (asv[1] * s.asv_layers + sample[1] * (s.sample_layers + s.encoder_layers)))
+
+
+def check_activation_memory(s: RunSettings, device: torch.device) -> None:
+    """Before any data is read: the built-in model's attention probabilities alone (saved for the backward: the
+    softmax's output per layer, and dropout's) must fit in the memory the device can give, else exit 2 naming
+    --token-limit (the kernel would kill the run without a word). A lower bound, so a run this refuses could never
+    have trained: --token-limit 300 on 12 samples (bound 2.6 GB) peaked at 8.4 GB RSS on CPU."""
+    asv, _, sample = builtin_model_sizes(s)
+    copies = 2 if s.dropout > 0 else 1
+    need = attention_probability_bytes(s)
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], str(device)
+    else:
+        available, where = available_bytes(), "this machine's memory"
+    if available is None or need <= available:
+        return
+    chunk = "" if s.asv_chunk_size else ", or bound the ASV encoder with --asv-chunk-size (e.g. 512)"
+    raise InputError(
+        f"--token-limit {s.token_limit}: the built-in model would hold at least {_size(need)} of attention "
+        f"probabilities for one micro-batch ({asv[0]}: {_size(asv[1])} x {s.asv_layers} layer(s); {sample[0]}: "
+        f"{_size(sample[1])} x {s.sample_layers + s.encoder_layers} layer(s)"
+        f"{'; twice: softmax and dropout keep one each' if copies == 2 else ''}), more than the {_size(available)} "
+        f"{where} can give now. Lower --token-limit (or --batch-size){chunk}.")
+
+
+def output_folder(s: RunSettings) -> str:
+    """Where a finding's repro bundle goes: --bundle-dir, else the report's folder, else the current folder."""
+    return s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
+
+
+def rank_log_path(s: RunSettings, rank: int) -> str:
+    return str((Path(s.report).parent if s.report else Path(".")) / f"debug-nan-rank{rank}.log")
+
+
+def check_outputs(s: RunSettings, config: str | None, ctx) -> None:
+    """Before anything is opened for writing: no output is an input or another output; each can be written."""
+    outputs = job_outputs(s.to_dict())
+    if ctx is not None:
+        outputs.update({f"rank {r}'s log": rank_log_path(s, r) for r in range(1, ctx.world)})
+    check_output_paths(outputs, job_inputs(s.to_dict(), config), output_folder(s) if s.bundle else None)
+    check_writable(s.report, "--report")
+    check_writable(s.plot, "--plot")
+    check_plot_available(s.plot)
+    check_tensorboard(s.tensorboard)
+
+
+def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
+    """Run the job and return the process exit code (InputError: bad usage or input, for the cli; OutputWriteError:
+    the run ended but an output could not be written). `config`: the --config file, an input never written."""
+    started = time.perf_counter()
+    log = device = trainer = None
+    ctx = distributed.detect()
+    main_rank = ctx is None or ctx.is_main
+    try:
+        if main_rank:
+            check_outputs(s, config, ctx)
+            log = Log(s.log, stream=stream)
+        else:  # other ranks: a per-rank log beside the report (or in the current folder), nothing on stdout
+            log = Log(rank_log_path(s, ctx.rank), stream=open(os.devnull, "w"))
+        try:
+            device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
+            if not s.task:
+                check_activation_memory(s, device)
+            trainer = build_trainer(s, log, device, ctx)
+            result = trainer.run()
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise InputError(oom_message(exc, s, device)) from None
+    except InputError as exc:
+        if log is not None:
+            log.record_error(str(exc))
+            log.close()
+        raise
+    except KeyboardInterrupt as exc:
+        if log is None:  # before the log opened: the cli writes the interrupted report
+            exc.before_log = True
+            raise
+        log(f"Interrupted ({interrupt_name(exc)}) before training started.", "yellow")
+        result = RunResult(status="clean", steps_run=0, interrupted=True)
+    if result.interrupted and result.exit_code is None:
+        result.exit_code = interrupt_code()
+    elapsed = time.perf_counter() - started
+    if main_rank:
+        return write_outputs(log, result, s, trainer, device, elapsed)
+    write_summary(log, result, elapsed, interrupt_name())
+    log.close()
+    return exit_code(result)
+
+
+def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Trainer:
+    """The header, the task (--task, or the built-in pipeline), and the Trainer with its step lines and bundles.
+    Under torchrun every rank learns whether any rank failed to build the task before DDP's first collective."""
+    header(log, s, device)
+    if ctx:
+        log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), DistributedDataParallel, "
+            f"{'NCCL' if device.type == 'cuda' else 'gloo'}; rank 0 writes the log and the report")
+    failure = None
+    try:
+        task = load_task(s.task, s) if s.task else build_aam_task(s, log)
+    except (InputError, KeyboardInterrupt) as exc:
+        if ctx is None:
+            raise
+        failure = exc
+    if ctx is not None:
+        distributed.agree_on_setup(ctx, device, failure)  # raises on every rank when any rank failed
+    try:
+        trainer = Trainer(task, s, log, device, ctx)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - under torchrun every rank must hear of it
+        if ctx is None or isinstance(exc, distributed.SetupFailedOnARank):
+            raise
+        # the ranks that got through wait in the Trainer's setup agreement, before DDP's first collective
+        distributed.agree_on_setup(ctx, device, _setup_failure(exc, s, device))
+        raise
+    log(f"  {trainer.recipe.line()}")
+    if trainer.reducer is not None:
+        log(f"  gradients averaged by {trainer.reducer.describe()}")
+    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps,
+                                 trainer.recipe.max_grad_norm, quiet=s.quiet)
+    if s.bundle:
+        folder = output_folder(s)
+        trainer.save_repro = lambda state: str(write_bundle(folder, state))
+    return trainer
+
+
+def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> BaseException:
+    """A rank's failure to build the Trainer, as the message every rank reports."""
+    if isinstance(exc, (InputError, KeyboardInterrupt)):
+        return exc
+    if is_out_of_memory(exc):
+        return InputError(oom_message(exc, s, device))
+    return InputError(f"building the trainer: {describe_exception(exc)}")
+
+
+def tensorboard_texts(result) -> dict[str, str]:
+    """The run's status and its first finding, as the summary prints them."""
+    texts = {"status": f"{result.status}, {result.steps_run} step(s) run"}
+    if result.finding is not None:
+        texts["finding"] = finding_markdown(finding_lines(result.finding))
+    if result.error:
+        texts["error"] = result.error
+    return texts
+
+
+def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
+    """The history table, the JSON report, then the plot (a failure to write one never loses the other), then the
+    summary with the real exit code (the last block of the log). Returns the exit code; raises OutputWriteError
+    (exit 2) after the summary when an output could not be written."""
+    full, found = s.history == "full", result.finding.module if result.finding is not None else None
+    if result.history.steps and not s.quiet:
+        log()
+        log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
+        # as wide as the log's lines (DEBUG_NAN_LOG_WIDTH; 0, never wrap, keeps the default table width)
+        for line in history_lines(result.history, trainer.model, full, found, width=log_width() or LINE_WIDTH):
+            log(line)
+    if log.copy_failure:
+        result.notes.append(log.copy_failure)
+    result.notes.extend(streams.notes())
+    if log.stdout_closed and not streams.failure("stdout"):
+        result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
+    failures, written = [], []
+    if s.report:
+        try:
+            write_report(s.report, report_dict(result, s, device, elapsed))
+            written.append(f"JSON report written to {s.report}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if s.plot and result.history.steps:
+        try:
+            plot_history(result.history, trainer.model, s.plot, full, found)
+            written.append(f"heat map written to {s.plot}")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if s.tensorboard and result.history.steps:
+        try:
+            event = write_tensorboard(s.tensorboard, result.history, trainer.model, tensorboard_texts(result))
+            written.append(f"TensorBoard events written to {event} (tensorboard --logdir {s.tensorboard})")
+        except OutputWriteError as exc:
+            failures.append(str(exc))
+    if failures:
+        result.notes.append(f"The run itself ended with exit {exit_code(result)}; exit 2 because an output could not "
+                            f"be written: {' '.join(failures)}")
+        result.exit_code = 2
+        if written and s.report and written[0].startswith("JSON"):  # the report says the real exit code too
+            try:
+                write_report(s.report, report_dict(result, s, device, elapsed))
+            except OutputWriteError:
+                pass
+    write_summary(log, result, elapsed, interrupt_name())
+    for line in written:
+        log(line)
+    log.close()
+    if failures:
+        raise OutputWriteError(" ".join(failures))
+    return exit_code(result)

@@ -1,0 +1,322 @@
+"""`debug-nan run -- COMMAND`: the user's own training command, unmodified, watched from outside.
+
+The command runs in this process (app/command.py) with torch's global hooks (drivers/run/hooks.py) driving the
+framework step protocol (drivers/run/driver.py). debug-nan's own lines go to stderr (and --log), so the script's
+stdout is byte for byte what it prints without debug-nan. On a trip the failing micro-batch (or update) is replayed
+in place, at once, from the run's own state at that step and the tape of the script's code (drivers/run/tape.py); the
+script is stopped, the summary and the JSON report follow, exit 1. A clean run exits with the script's own code.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.frames import frame_kind, short_path
+from debug_nan.drivers.framework_outputs import Outputs, run_settings
+from debug_nan.app import command as commands
+from debug_nan.app import run_paths as paths
+from debug_nan.drivers.run.hooks import Hooks, RunStopped
+from debug_nan.drivers.run.ranks import Ranks
+from debug_nan.drivers.run.driver import RunDriver
+from debug_nan.process import interrupts
+from debug_nan.presentation.log import Log, error_line
+from debug_nan.presentation.summary import exit_code
+from debug_nan.settings import RunSettings
+from debug_nan.engine.session.unreplayed import InterruptedPinpoint
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
+             "around the model from its record")
+
+
+@dataclass
+class RunOptions:
+    report: str | None = None
+    log: str | None = None
+    max_steps: int | None = None
+    explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
+    explosion_growth: float = RunSettings.explosion_growth
+    deterministic: bool = False  # torch.use_deterministic_algorithms in the run
+
+
+class RunListener:
+    """The hooks' listener in the user's run: builds the RunDriver when the root module is known."""
+
+    def __init__(self, options: RunOptions, outputs: Outputs, log: Log, hooks: Hooks, ranks: Ranks | None = None):
+        self.options, self.outputs, self.log, self.hooks, self.ranks = options, outputs, log, hooks, ranks
+        self.driver: RunDriver | None = None
+
+    def attach(self, model, optimizer) -> None:
+        settings = run_settings(self.outputs, task=None, device=next(model.parameters()).device,
+                                optimizer=optimizer, accumulation=1, precision="fp32", max_grad_norm=None,
+                                max_steps=self.options.max_steps or 1, seed=0,
+                                explosion_threshold=self.options.explosion_threshold,
+                                explosion_growth=self.options.explosion_growth)
+        try:
+            ctx = self.ranks.adopt() if self.ranks is not None else None
+        except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
+            self.hooks.failure = exc
+            raise RunStopped("error") from None
+        self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx)
+        count = sum(p.numel() for p in model.parameters())
+        if optimizer is None:
+            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "
+                     f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
+                     f"the next forward, where its update is checked")
+        else:
+            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
+                     f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
+        if ctx is not None:
+            self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "
+                     f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
+                     f"report; a finding names the rank that saw the harm first.")
+
+    def micro_begin(self, batch, step: int, micro: int) -> None:
+        if self.options.max_steps and step > self.options.max_steps:
+            raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
+        self.driver.micro_begin(batch, step)
+
+    def backward_begin(self, loss, step: int, micro: int, tape) -> None:
+        self.driver.adopt_scaler(self.hooks.scaler)
+        self.driver.backward_begin(loss, tape)
+
+    def backward_end(self, step: int, micro: int) -> None:
+        self.driver.backward_end()
+
+    def step_begin(self, step: int, update) -> None:
+        self.driver.step_begin(update)
+
+    def step_end(self, step: int, skipped: bool) -> None:
+        self.driver.step_end(skipped)
+
+    def forwards_given_up(self, tape, calls: list[int], outputs: list) -> None:
+        self.driver.forwards_given_up(tape, calls, outputs)
+        if self.driver.stopped:
+            raise RunStopped("trip")
+
+    def follow(self, optimizer) -> None:
+        self.log(f"[debug-nan] the script replaced its optimizer with a new {type(optimizer).__name__} (a new "
+                 f"training stage): watching that one from step {self.driver.session.steps}")
+        self.driver.follow(optimizer, self.hooks.scheduler_of(optimizer))
+
+    def training_ends(self) -> None:
+        """The script destroys its process group: the last update is checked now, agreed on by the ranks."""
+        if self.driver is not None and not self.driver.stopped:
+            self.driver.finish()
+            if self.driver.findings:
+                raise RunStopped("trip")
+
+
+def _ours(frame: traceback.FrameSummary) -> bool:
+    """A frame `python script.py` would not show: debug-nan's (its hooks, its runner) or runpy's."""
+    return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
+
+
+def _script_traceback(exc: BaseException) -> None:
+    """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
+    report = traceback.TracebackException.from_exception(exc)
+    seen, pending = set(), [report]
+    while pending:  # the exception, and those it was raised from or while handling
+        one = pending.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.stack = traceback.StackSummary.from_list([f for f in one.stack if not _ours(f)])
+        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    sys.stderr.write("".join(report.format()))
+
+
+def _raised_by_us(exc: BaseException) -> str | None:
+    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code (its innermost frame outside
+    the standard library and torch is debug-nan's, not the script's): debug-nan failed, not the script."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        kind = frame_kind(frame.filename)
+        if kind in ("torch", "plumbing") or frame.filename.startswith((os.path.dirname(os.__file__), "<frozen")):
+            continue
+        return f"{short_path(frame.filename)}:{frame.lineno}" if kind == "tool" else None
+    return None
+
+
+def _blame(exc: BaseException, clause: str) -> str:
+    """The line that says whose error it is: the script's (its traceback as Python prints it) or debug-nan's own
+    (the whole traceback, for a bug report)."""
+    where = _raised_by_us(exc)
+    if where is None:
+        _script_traceback(exc)
+        return f"the command raised {describe_exception(exc)}{clause}"
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    return (f"debug-nan itself failed inside the command ({type(exc).__name__}: {exc}, at {where}): a bug in "
+            f"debug-nan, not an error in the script; please report it with the traceback above")
+
+
+def run_command(words: list[str], options: RunOptions) -> int:
+    """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
+    every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
+    ranks = Ranks.detect()
+    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    try:
+        code, together = _run_command(words, options, ranks)
+    finally:
+        _place_log(options)
+    if ranks is not None:
+        ranks.leave(code, together)
+    return code
+
+
+def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> tuple[int, bool]:
+    """-> (the exit code, whether every rank ends at the same point: an agreed trip or stop, or a clean end)."""
+    command = commands.resolve(words)
+    main_rank = ranks is None or ranks.is_main
+    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
+    # another rank's lines are held back: shown (marked with its rank) only if it ends alone
+    log = outputs.log = (Log(paths.partial(options.log), stream=sys.stderr) if main_rank
+                         else Log(None, stream=io.StringIO()))
+    _streamed[:] = [log, command.target if command.kind == "script" else None]
+    outputs.open()
+    log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
+        f"output as it is)")
+    hooks = Hooks(None)
+    watching = RunListener(options, outputs, log, hooks, ranks)
+    hooks.listener = watching
+    code, error, interrupted = 0, None, None
+    hooks.install()
+    was_deterministic = deterministic_algorithms(options.deterministic)
+    paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
+    try:
+        with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
+            code = commands.run(command)
+    except RunStopped as stop:
+        if stop.reason == interrupts.SIGTERM_NAME:
+            interrupted = KeyboardInterrupt(stop.reason)
+        elif stop.reason == "max-steps":
+            log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
+                f"steps.")
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        _keep_interrupted_finding(watching.driver, exc)
+    except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
+        error = exc
+    finally:
+        paths.record_opens(False)
+        hooks.uninstall()
+        torch.use_deterministic_algorithms(was_deterministic)
+    if hooks.failure is not None:
+        raise hooks.failure
+    m = watching.driver
+    if m is None and interrupted is not None:
+        log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
+        if ranks is None:  # the cli writes the report of a run interrupted before it trained
+            raise interrupted
+        return interrupts.interrupt_code(interrupted), False
+    if m is None:
+        if error is not None:
+            raise InputError(_blame(error, " before any training step (no forward of a model whose "
+                                    "parameters an optimizer owns, then backward, had run)") + ".")
+        raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
+                         f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
+                         f"step; this command created no optimizer, or never called that model's forward with "
+                         f"gradients enabled.")
+    if error is not None and not m.stopped and hooks.open and _raised_by_us(error) is None:  # (debug-nan's own: no trip)
+        try:
+            m.raised(error)  # the micro-batch it raised in, replayed in place
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            _keep_interrupted_finding(m, exc)
+    elif not m.stopped and interrupted is None and error is None:
+        if hooks.open:
+            m.abandoned(code)
+        try:
+            if hooks.manual and hooks.backward_since_open and not m.stopped:
+                hooks.close_manual_step()  # the last hand-written update
+        except RunStopped:
+            pass
+        if not m.stopped:
+            m.finish()
+    if error is not None and not m.findings:
+        said = _blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
+                           "a numerical one")
+        log(error_line(said + "."), "red")
+    m.close()
+    if error is not None and m.error is None and not m.findings:
+        where = _raised_by_us(error)
+        m.error = (describe_exception(error) if where is None
+                   else f"debug-nan failed: {type(error).__name__}: {error} (at {where})")
+    settings = m.s
+    settings.max_steps = max(1, m.steps_run)
+
+    def final(result) -> int:  # the script's own code for a clean run
+        return (interrupts.interrupt_code(interrupted) if interrupted is not None
+                else code if result.status == "clean" else exit_code(result))
+
+    integration = {"framework": "debug-nan run", "command": words, "kind": command.kind, "pinpoint": MECHANISM,
+                   "exit_code_of_command": code}
+    if m.answer_seconds is not None:
+        integration["pinpoint_seconds"] = round(m.answer_seconds, 4)  # from the tripping sync to the finding
+    if ranks is not None:
+        integration["world_size"] = ranks.world
+    together = error is None and interrupted is None
+    outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
+    if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
+        log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
+    result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
+                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
+    if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(f"{outputs.write_failure} The run itself ended with exit {final(result)}; exit 2 because "
+                       f"its report could not be written."), "red")
+        return 2, together
+    return final(result), together
+
+
+def _keep_interrupted_finding(m: RunDriver | None, exc: KeyboardInterrupt) -> None:
+    """Ctrl-C / SIGTERM during the in-place replay: the trip the watch saw stands, without the op."""
+    if m is not None and isinstance(exc, InterruptedPinpoint):
+        m.findings.append(exc.finding)
+        m.stopped = True
+
+
+def deterministic_algorithms(on: bool) -> bool:
+    """--deterministic: torch.use_deterministic_algorithms (warn only where an op has no deterministic kernel),
+    with cuBLAS's workspace setting it needs. Returns the setting before."""
+    before = torch.are_deterministic_algorithms_enabled()
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return before
+
+
+_streamed: list = []  # [the Log streaming the --log copy, the script] of the run in progress
+
+
+def _place_log(options: RunOptions) -> None:
+    """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
+    if len(_streamed) != 2 or _streamed[0].copy_path is None:
+        return
+    log, script = _streamed
+    _streamed.clear()
+    log.close()
+    notes: list[str] = []
+    paths.place(log.copy_path, options.log, "--log", script, notes.append)
+    for line in notes:
+        log(line, "yellow")
+
+
+class _RankMarked:
+    """stderr for another rank's log lines, each marked with the rank (`held`: its lines so far)."""
+
+    def __init__(self, rank: int, held: str):
+        self.prefix = f"[rank {rank}] "
+        self.write(held)
+
+    def write(self, text: str) -> None:
+        sys.stderr.write("".join(self.prefix + line for line in text.splitlines(keepends=True)))
+
+    def flush(self) -> None:
+        sys.stderr.flush()

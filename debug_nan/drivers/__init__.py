@@ -1,0 +1,12 @@
+"""Drivers: each says WHEN the step session's verbs happen (its loop's or framework's hook points) and HOW its
+step is replayed (the StepDriver methods). Nothing else: the checks, the replay and the diagnosis are the engine's.
+
+task.py, recipe.py   the plug-in seam: a Task (model, batches, loss) and its Recipe (optimizer, schedule,
+                     clipping); the built-in AAM task (debug_nan.aam) and every --task file implement it
+trainer/             the CLI's Trainer: the loop it runs itself (loop.py, top to bottom), checkpoints, the eval pass
+monitor.py           Monitor: a user's own loop, `with monitor.step(...)`
+framework.py         FrameworkDriver: the session split at a framework's hook points; lightning.py, hf.py on it
+                     (public paths: debug_nan.integrations.*), framework_outputs.py (their summary and report)
+run/                 `debug-nan run`: the user's unmodified script, cut into steps by torch's global hooks
+                     (hooks.py), its code around the model recorded (tape.py), RunDriver (driver.py)
+"""

@@ -1,0 +1,132 @@
+"""A framework's driver of the step session (engine/session/session.py), at the points a framework's hooks reach.
+
+    begin(batch, first)   before a micro-batch's forward (first: it opens an optimizer step)
+    end(last)             after its backward: the session's one host sync and trip decision
+    stepped()             after the optimizer step: the parameters are checked at the next sync
+    finish()              after training: the last parameter check
+
+A framework adapter subclasses FrameworkDriver and implements the StepDriver methods for ITS step, for the
+replay: replay_loss(batch) (the framework's own loss code for one micro-batch, on the bare module), backward(loss,
+scaled) (its accumulation scaling and loss scaler) and optimizer_step() (unscale, its clipping, the optimizer).
+The protocol itself (watch, snapshot, fp16 probe, DDP agreement, explosion check, replay, bundle) is the session's,
+the same as the CLI's and the Monitor's.
+
+On a trip the model is put back to the last finite state (the snapshot before the failing micro-batch, or before
+the update that made a parameter non-finite) with no gradients, so the optimizer step the framework may still
+take changes nothing and a checkpoint it may still save is finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from debug_nan.engine.replay.driver import TaskFailure
+from debug_nan.engine.explain.finding import Finding
+from debug_nan.presentation.bundle import write_bundle
+from debug_nan.settings import RunSettings
+from debug_nan.engine.session.agreement import RankAgreement, RunAborted
+from debug_nan.engine.session.distributed import average_gradients
+from debug_nan.engine.session.session import SessionPolicies, StepSession
+from debug_nan.drivers.task import split_loss
+
+
+class FrameworkDriver:
+    framework = "framework"
+    dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
+    session_class = StepSession  # `debug-nan run` swaps in its own (its history)
+    snapshot_mode = "host"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
+                 scaler=None, dist_ctx=None, bundle_dir: str | None = None, scheduler=None):
+        self.model, self.optimizer, self.log = model, optimizer, log
+        self.device = next(model.parameters()).device
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.s, self.dist = settings, dist_ctx
+        self.accumulation_steps = settings.gradient_accumulation_steps
+        sink = (lambda state: str(write_bundle(bundle_dir, state))) if bundle_dir is not None else None
+        self.session = self.session_class(self, SessionPolicies(
+            scaler=self.scaler, agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
+            # the framework's backward on the other ranks may already be inside a gradient all-reduce: an
+            # exception is decided by the rank that raised, alone
+            agree_on_errors=False, bundle_sink=sink,
+            explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect,
+            snapshot_mode=self.snapshot_mode, snapshot_every=settings.snapshot_every or None,
+            outputs_every=settings.outputs_every or None, scheduler=scheduler))
+        self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
+        self.watch.enabled = False  # on only inside a training micro-batch
+        self.findings: list[Finding] = []
+        self.notes: list[str] = []
+        self.error: str | None = None  # user code raised and the replay found no NaN/Inf behind it
+        self.steps_run = 0
+
+    @property
+    def history(self):
+        return self.session.history
+
+    @property
+    def stopped(self) -> bool:
+        return self.session.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self.session.stopped = value
+        if value:
+            self.watch.enabled = False
+
+    # -- StepDriver methods the framework adapter implements (replay_loss, backward, optimizer_step) -----------
+    def average_gradients(self) -> None:
+        if self.dist is not None:
+            average_gradients(self.watch.named_params, self.dist)
+
+    def watch_paused(self):
+        return self.watch.paused()
+
+    # -- the micro-batch ---------------------------------------------------------------------------------------
+    def begin(self, batch, first: bool, step: int | None = None) -> None:
+        """Before a micro-batch's forward. `step`: the framework's optimizer step number (1-based), if known."""
+        if self.stopped:
+            return
+        if first or self.session.inputs is None:
+            self.session.begin_step(step)
+        self.session.begin_micro(batch)
+
+    def watch_loss(self, loss) -> None:
+        self.session.watch_loss(*split_loss(loss))
+
+    def end(self, last: bool, error: BaseException | None = None) -> Finding | None:
+        """After a micro-batch's backward (or after user code raised in it): sync, then trip or not. Returns the
+        finding of a trip (the run is then stopped and the model at its last finite state); None otherwise, and
+        also when user code raised and the replay found no NaN/Inf behind it (the caller lets it propagate)."""
+        if self.stopped or self.session.inputs is None or not self.watch.enabled:
+            return None
+        return self._settle(lambda: self.session.end(last, error), last)
+
+    def stepped(self) -> None:
+        """After the optimizer step: check the parameters and optimizer state (read at the next sync)."""
+        self.session.stepped()
+
+    def finish(self) -> Finding | None:
+        """After training: the last optimizer step's parameter check (one more sync), then detach the hooks."""
+        finding = None if self.stopped else self._settle(self.session.finish, last=False)
+        self.close()
+        self.stopped = True
+        return finding
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def _settle(self, decide, last: bool) -> Finding | None:
+        """Run the session's decision; a finding (or a failure to replay) stops the run."""
+        try:
+            finding = decide()
+        except (TaskFailure, RunAborted) as failure:
+            self.error = str(failure)
+            self.session.stop(None)
+            return None
+        if last:
+            self.steps_run = self.session.steps
+        if finding is None:
+            return None
+        self.findings.append(finding)
+        self.steps_run = max(self.steps_run, finding.step)
+        return self.session.stop(finding)

@@ -1,0 +1,280 @@
+"""The watch in the user's own run: the step session (engine/session/session.py) driven by the global hooks, replaying in
+place.
+
+The run's driver of the session, and the pinpointer's StepDriver: the loss code between the model's forward and the
+backward is the script's, so a micro-batch is replayed from its tape (drivers/run/tape.py: the script's torch calls
+around the model, recorded as it ran) and an update from the tape of the code between the last backward and the
+optimizer step, then the script's own optimizer. The snapshot is the session's, as for every entry point: a trip is
+answered at once, from the run's own state at that step: one micro-batch (or update) traced, whatever
+the step number (scripts/bench_pinpoint.py).
+A micro-batch's end does not know whether it is its step's last: the step's record is closed (its gradient norms,
+the explosion check) when the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten
+
+from debug_nan.engine.replay.driver import NotReplayable, TaskFailure
+from debug_nan.engine.watch.history import History
+from debug_nan.engine.replay.snapshot import schedule_state
+from debug_nan.engine.watch.watch_result import Check
+from debug_nan.frames import replayed_at
+from debug_nan.drivers.framework import FrameworkDriver
+from debug_nan.drivers.run.hooks import Hooks, RunStopped
+from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
+from debug_nan.engine.session.outcome import MicroOutcome
+from debug_nan.engine.session.session import StepSession
+
+
+class RunHistory(History):
+    """The history, with the last micro-batch's result, whose gradient norms are the step's once the optimizer
+    steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = None
+
+    def add_micro(self, rec, result, last: bool) -> None:
+        super().add_micro(rec, result, last)
+        self.last = result
+
+    def close(self, rec) -> None:
+        """The step's optimizer step came: its gradient norms are those of its last micro-batch (accumulated)."""
+        self.step_gradients(rec, self.last)
+        rec.finish()
+
+
+class RunSession(StepSession):
+    """The session, with the run's history and the fp16 rule of a script whose loss code cannot be run without its
+    scale."""
+
+    def __init__(self, driver, policies, watch=None):
+        super().__init__(driver, policies, watch)
+        self.history = RunHistory()
+
+    def is_scaler_overflow(self, o: MicroOutcome) -> bool:
+        """fp16 with a GradScaler, only the gradients non-finite: while the scale is at least 1 this is taken for
+        the scaler's overflow (it skips the step and lowers the scale; no probe without the scale here, which
+        would need the script's loss code); below 1 it is a finding."""
+        if self.scaler is None:
+            return False
+        return o.record.scaler_skipped or self.scaler.get_scale() >= 1.0
+
+    def skip_overflow(self, o: MicroOutcome) -> None:
+        if not o.record.scaler_skipped:
+            self.log(f"  [fp16] non-finite gradients at step {o.inputs.step} under a loss scale of "
+                     f"{self.scaler.get_scale():g}: taken for the GradScaler's overflow (it skips the step and "
+                     f"lowers the scale), not a finding.")
+        o.record.scaler_skipped = True
+
+
+class RunDriver(FrameworkDriver):
+    framework = "script"
+    session_class = RunSession
+    dialect = "script"  # advice in the words of the user's own loop
+
+    def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None):
+        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer))
+        self.hooks = hooks
+        self.step_open = False
+        self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
+        self._values: list | None = None  # ... and its tape's values (an update may use them)
+        self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
+
+    def finish(self):
+        """The last update's check (under DDP, when the script destroys its process group: the ranks agree on it
+        and replay its update together while they still can). After the group is gone the parameters are still
+        replicas, so every rank decides the same alone."""
+        if self.session.p.agreement is not None and not (dist.is_available() and dist.is_initialized()):
+            self.session.p.agreement = None
+        return super().finish()
+
+    def _settle(self, decide, last: bool):
+        started = time.perf_counter()
+        finding = super()._settle(decide, last)
+        if self.stopped and self.answer_seconds is None:
+            self.answer_seconds = time.perf_counter() - started
+        return finding
+
+    def follow(self, optimizer, scheduler) -> None:
+        """The script replaced its optimizer (a second training stage): the session follows the new one."""
+        self.optimizer = optimizer
+        self.session.follow(optimizer, scheduler)
+
+    def adopt_scaler(self, scaler) -> None:
+        """The script's GradScaler, known at its first scale(): the gradients' norms are read unscaled."""
+        if self.scaler is None and scaler is not None and scaler.is_enabled():
+            self.scaler = self.session.scaler = scaler
+
+    # -- StepDriver methods: the script's code, replayed from its tapes ----------------------------------------
+    def replay_loss(self, batch, tape: Tape | None = None):
+        """The micro-batch's recorded calls again, the model called on `batch` -> (the first tensor the script's
+        backward() took, the others as parts)."""
+        if tape is None:
+            raise NotReplayable("no record of the script's code for this micro-batch")
+        args, kwargs = call_arguments(batch, tape.first_form)
+        values = self._values = tape.replay(self.model, args, kwargs)
+        if tape.backward is None:  # the run's micro-batch ended before its backward (it raised, or was given up):
+            # the harm to look for is in the model's outputs, as far as the run got
+            self._backward = None
+            outputs = [values[s] for e in tape.entries if e.func is MODEL for s in e.outputs if s is not None]
+            outputs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if not outputs:
+                raise _RaisedHere()
+            return outputs[0], {f"model output {i}": t for i, t in enumerate(outputs[1:], 2)}
+        self._backward = tape.backward_args(values)
+        tensors = self._backward[0][0]
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        return tensors[0], {f"backward() tensor {i}": t for i, t in enumerate(tensors[1:], 2)}
+
+    def backward(self, loss, scaled: bool = True) -> None:
+        if self._backward is None:
+            raise _RaisedHere()
+        args, kwargs = self._backward
+        torch.autograd.backward(*args, **kwargs)
+
+    def optimizer_step(self, tape: Tape | None = None) -> None:
+        """The script's code between its last backward and the optimizer step (clipping, unscaling), then the
+        step."""
+        if tape is None:
+            raise NotReplayable("no record of the script's code before its optimizer step")
+        tape.replay(self.model, (), {}, self._values)  # (a loop with no optimizer: its whole update is here)
+        if self.optimizer is not None:
+            with replayed_at(tape.step_location):
+                self.optimizer.step()
+
+    @contextmanager
+    def watch_paused(self):
+        """A replay: no hook event is the run's, and what the script's code prints or logs on the way (its model's
+        forward runs again) is not shown twice (debug-nan's own log keeps its stream)."""
+        sink, disabled = io.StringIO(), logging.root.manager.disable
+        logging.disable(logging.CRITICAL)
+        try:
+            with self.hooks.paused(), self.watch.paused(), redirect_stdout(sink), redirect_stderr(sink):
+                yield
+        finally:
+            logging.disable(disabled)
+
+    # -- the hooks' events -------------------------------------------------------------------------------------
+    def micro_begin(self, batch, step: int) -> None:
+        self.begin(batch, first=not self.step_open, step=step)
+        self.step_open = True
+        self.session.inputs.tapes.append(None)
+
+    def backward_begin(self, loss: torch.Tensor, tape: Tape | None) -> None:
+        self.session.inputs.tapes[-1] = tape
+        if self.watch.enabled and loss.numel() == 1:
+            self.watch_loss(loss.reshape(()))
+
+    def raised(self, error: BaseException) -> None:
+        """The script raised inside a micro-batch (before its backward): its partial tape, then the decision."""
+        self._keep_partial_tape()
+        self.end(last=False, error=error)
+
+    def abandoned(self, code: int) -> None:
+        """The command ended (exit `code`) inside a micro-batch, before its backward: the script gave up on it
+        (AAM raises on a NaN in its forward and its CLI exits 1). Where the model's outputs hold NaN/Inf, or the
+        exit is not 0, the micro-batch is replayed as far as the run got: a NaN/Inf born there is the finding; none
+        leaves the run clean with the script's own code (it stopped for reasons of its own)."""
+        reading = _nonfinite_reading(self.hooks.outputs)
+        if (reading is None and code == 0) or self.stopped or self.session.inputs is None \
+                or self.session.p.agreement is not None or not self.watch.enabled:
+            return
+        self._keep_partial_tape()
+        where = f"step {self.session.inputs.step}, micro-batch {self.session.micro}"
+        held = f", and the model's output held {reading}" if reading is not None else ""
+        self.log(f"  [watch] the command ended (exit {code}) in {where} before its backward(){held}: replaying "
+                 f"it to see whether a NaN/Inf was born before the script gave up on it", "yellow")
+        outcome = self.session.end_micro(last=False, error=ScriptGaveUp(
+            f"the command exited with code {code} in this micro-batch, before its backward()"))
+        outcome.check = Check("forward", "<model output>", reading) if reading is not None else None
+        try:
+            finding = self.session.decide(outcome)
+        except TaskFailure:
+            self.log(f"  [pinpoint] no NaN/Inf was born in {where} before the command ended: its exit is its own.")
+            return
+        if finding is not None:
+            self.findings.append(finding)
+            self.session.stop(finding)
+
+    def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
+        """Model calls of this micro-batch whose outputs its backward does not take (the script skipped a NaN loss
+        with `continue` and went on to the next batch): where such an output holds NaN/Inf, the script gave up on
+        it, and that forward is replayed (its tape as far as that call) to name the op."""
+        for n, output in zip(calls, outputs):
+            reading = _nonfinite_reading([output])
+            if reading is None or self.stopped:
+                continue
+            self.log(f"  [watch] a forward of step {self.session.inputs.step}, micro-batch {self.session.micro} "
+                     f"made a model output holding {reading} that no backward took (the script went on without it)",
+                     "red")
+            self.session.inputs.tapes[-1] = tape.up_to_model_call(n)
+            outcome = self.session.end_micro(last=False)
+            outcome.check = Check("forward", "<model output>", reading)
+            self._settle(lambda: self.session.decide(outcome), last=False)
+
+    def _keep_partial_tape(self) -> None:
+        inputs = self.session.inputs
+        if inputs is not None and inputs.tapes:
+            inputs.tapes[-1] = inputs.tapes[-1] or self.hooks.recorder.tape
+        self.hooks.recorder.tape = None
+
+    def backward_end(self) -> None:
+        self.end(last=False)
+        if self.stopped:
+            raise RunStopped("trip")
+
+    def step_begin(self, update: Tape | None) -> None:
+        """The optimizer step begins: the update's tape, and the param groups as the step sees them (the script
+        may have set its lr since the step began)."""
+        inputs = self.session.inputs
+        if inputs is not None and not self.stopped:
+            inputs.update = update
+            inputs.step_groups = schedule_state(self.optimizer, None)["groups"]
+
+    def step_end(self, skipped: bool) -> None:
+        """After the optimizer step (or a GradScaler's skip): close the step's record, the explosion check, then
+        the parameters are read at the next sync."""
+        if self.stopped or not self.step_open:
+            return
+        self.step_open = False
+        record = self.session.record
+        record.scaler_skipped = record.scaler_skipped or skipped
+        self.history.close(record)
+        self.steps_run = self.session.steps
+        if not record.scaler_skipped:
+            self._settle(lambda: self.session.check_explosion(record), last=False)
+        if self.stopped:
+            raise RunStopped("trip")
+        if not skipped:
+            self.stepped()
+
+
+class ScriptGaveUp(Exception):
+    """The command ended inside a micro-batch, before its backward (an exit, or its own error caught)."""
+
+
+class _RaisedHere(RuntimeError):
+    """The replay reached the point where the run's micro-batch ended before its backward (it raised, or the
+    script gave up on it): the origin before it is the finding."""
+
+    def __init__(self):
+        super().__init__("the run's micro-batch ended here, before its backward()")
+
+
+def _nonfinite_reading(outputs: list) -> float | None:
+    """NaN, or +-inf, when a floating tensor of the model's outputs holds one (NaN first), else None (one sync)."""
+    tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.stack([t.isnan().any(), t.isinf().any()]) for t in tensors]).any(0).tolist()
+    return math.nan if flags[0] else math.inf if flags[1] else None

@@ -1,0 +1,341 @@
+"""Torch's own global hooks, attached from outside an unmodified training script (`debug-nan run`).
+
+What they see, and how a run is cut into steps and micro-batches:
+  * every optimizer the script creates (Optimizer.__init__, wrapped): when one is created, the modules that own
+    ALL its parameters (found once, by a walk of the garbage collector's objects) get a forward pre-hook with
+    the call's keyword arguments;
+  * a micro-batch opens at the first forward of such a module (with gradients enabled) since the last backward:
+    that module is the root, its call's arguments are the micro-batch's model inputs;
+  * a micro-batch closes when a backward is called on a loss (torch.autograd.backward, which Tensor.backward
+    calls): a micro-batch is a backward call;
+  * a step closes when the optimizer steps (torch's global optimizer step post-hook), or when a GradScaler skips
+    it (its update() with no step since the last one).
+The listener (the watch) gets those events with the step (1-based: optimizer steps taken + 1) and the micro-batch
+within it (1-based), and the tapes (drivers/run/tape.py) of the script's own code: a micro-batch's, from its first forward
+to its backward, and the update's, from the last backward to the optimizer step. Nothing here reads a tensor's
+values: the hot path is one Python check per model call and per backward, and a recorded call per torch call made
+outside the model's forward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
+from debug_nan.errors import InputError
+from debug_nan.frames import user_location
+from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
+from debug_nan.drivers.run.optimizers import WatchedOptimizer
+from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
+from debug_nan.drivers.run.tape import Recorder, Tape, batch_form
+
+__all__ = ["Hooks", "Listener", "RunStopped"]
+
+
+class Listener(Protocol):
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+    def micro_begin(self, batch, step: int, micro: int) -> None: ...
+    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None: ...
+    def backward_end(self, step: int, micro: int) -> None: ...
+    def step_begin(self, step: int, update: Tape | None) -> None: ...
+    def step_end(self, step: int, skipped: bool) -> None: ...
+    def training_ends(self) -> None: ...
+
+
+class Hooks(WatchedOptimizer):
+    """Install the global hooks (install/uninstall), count steps and micro-batches, tell the listener."""
+
+    def __init__(self, listener: Listener):
+        self.listener = listener
+        self.optimizer: torch.optim.Optimizer | None = None  # the one that owns the root's parameters
+        self.other_optimizers: list = []  # weak references to optimizers created beside it
+        self.root: nn.Module | None = None
+        self.step, self.micro = 1, 0
+        self.open = False  # a micro-batch's forward has begun and its backward not yet ended
+        self.stepped_since_update = False
+        self.in_backward = False
+        self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
+        self.scaler = None
+        self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
+        self.recorder = Recorder()  # the tapes of the script's own code (drivers/run/tape.py)
+        self.schedulers: list[weakref.ref] = []  # the LR schedulers the script created
+        self.outputs: list = []  # the open micro-batch's model outputs (a script may give up on them)
+        self.is_paused = False  # a replay runs: its forwards, backwards and steps are not the run's
+        self._calls: list = []  # per model call under way: its tape entry (or None)
+        self._in_step = False  # inside an optimizer's own math (the recorder is off)
+        self.manual = self.manual_tried = False  # a loop that updates the weights by hand (no optimizer)
+        self.retired: weakref.WeakSet = weakref.WeakSet()  # optimizers a newer one replaced
+        self.stepped_this_step = False  # the watched optimizer stepped since the step's first micro-batch
+        self.backward_since_open = False
+        self._handles: list = []
+        # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
+        self._forward_pre_hook = ModuleHook(self.forward_pre, compiled="eager")
+        self._forward_post_hook = ModuleHook(self.forward_post, compiled="eager")
+        self._patched: list[tuple[object, str, object]] = []
+
+    # -- install / uninstall -----------------------------------------------------------------------------------
+    def _patch(self, owner, name: str, wrapper) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, wrapper)
+
+    def install(self) -> None:
+        hooks = self
+        init, backward = torch.optim.Optimizer.__init__, torch.autograd.backward
+        scale, update = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
+
+        def optimizer_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            hooks.created(optimizer)
+
+        scheduler_init = torch.optim.lr_scheduler.LRScheduler.__init__
+
+        def lr_scheduler_init(scheduler, *args, **kwargs):
+            scheduler_init(scheduler, *args, **kwargs)
+            hooks.schedulers.append(weakref.ref(scheduler))
+
+        def autograd_backward(tensors, *args, **kwargs):
+            return hooks.backward(backward, tensors, *args, **kwargs)
+
+        def scaler_scale(scaler, outputs):
+            out = scale(scaler, outputs)
+            if isinstance(out, torch.Tensor) and scaler.is_enabled():
+                hooks.scaled, hooks.scaler = weakref.ref(out), scaler
+            return out
+
+        def scaler_update(scaler, *args, **kwargs):
+            update(scaler, *args, **kwargs)
+            hooks.updated()
+
+        def thread_excepthook(args, original=threading.excepthook):
+            if isinstance(args.exc_value, RunStopped):  # a stop in a training thread stops the script, quietly
+                stop_main_thread(args.exc_value)
+            else:
+                original(args)
+
+        self._patch(torch.optim.Optimizer, "__init__", optimizer_init)
+        self._patch(torch.optim.lr_scheduler.LRScheduler, "__init__", lr_scheduler_init)
+        self._patch(torch.autograd, "backward", autograd_backward)
+        self._patch(torch.amp.GradScaler, "scale", scaler_scale)
+        self._patch(torch.amp.GradScaler, "update", scaler_update)
+        self._patch(threading, "excepthook", thread_excepthook)
+        if torch.distributed.is_available():
+            destroy = torch.distributed.destroy_process_group
+
+            def destroy_process_group(*args, **kwargs):
+                if not hooks.is_paused and hooks.root is not None:
+                    hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
+                return destroy(*args, **kwargs)
+
+            self._patch(torch.distributed, "destroy_process_group", destroy_process_group)
+        self._handles += [register_optimizer_step_pre_hook(self.step_pre),
+                          register_optimizer_step_post_hook(self.step_post)]
+        self.recorder.install()
+
+    def uninstall(self) -> None:
+        self.recorder.uninstall()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+
+    # -- optimizers and the root -------------------------------------------------------------------------------
+    def created(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.root is not None:
+            self.other_optimizers.append(weakref.ref(optimizer))
+            return
+        self._hook_models(owners(optimizer_params(optimizer)))
+        self.other_optimizers.append(weakref.ref(optimizer))
+
+    def _hook_models(self, modules: list[nn.Module]) -> None:
+        for module in modules:
+            keep_out_of_copies(module)
+            self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
+                              module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
+                                                           always_call=True)]
+
+    def _adopt_by_backward(self, tensors) -> None:
+        """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
+        the model is the module that owns every parameter this backward reaches. Watched from its next forward;
+        each forward after a backward then closes a step (the script's own update ran between them)."""
+        self.manual_tried = True
+        found = owners(leaves_reached(tensors))
+        if found:
+            self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
+            self._hook_models(found)
+
+    def scheduler_of(self, optimizer):
+        """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
+        live = [r() for r in self.schedulers]
+        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
+
+    @contextmanager
+    def paused(self):
+        """A replay in this process: no event is the run's, and nothing is recorded."""
+        was, tape = self.is_paused, self.recorder.tape
+        self.is_paused, self.recorder.tape = True, None
+        try:
+            yield
+        finally:
+            self.is_paused, self.recorder.tape = was, tape
+
+    def forward_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """A call of a module that owns the optimizer's parameters: the model's forward is no script code (the
+        recorder is off inside it); its first with gradients since the last backward opens a micro-batch."""
+        if self.is_paused:
+            return
+        nested = bool(self._calls)
+        self.recorder.suspend()
+        self._calls.append(None)
+        if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
+            return
+        self._open_micro(module, args, kwargs)
+        tape = self.recorder.tape
+        if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
+            if not tape.entries:  # the micro-batch's first call: its arguments are the captured batch
+                tape.first_inputs(args, kwargs)
+                self._calls[-1] = tape.model_call((), {})
+            else:
+                self._calls[-1] = tape.model_call(args, kwargs)
+
+    def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+        if self.is_paused or not self._calls:
+            return
+        entry = self._calls.pop()
+        tape = self.recorder.tape
+        if entry is not None and tape is not None:
+            tape.returned(entry, output)
+            self.outputs.append(output)  # (alive anyway until the backward, which lets them go)
+        self.recorder.resume()
+
+    def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.open or self.in_backward or not torch.is_grad_enabled():
+            return
+        if self.root is None:
+            model = bare(module)
+            ids = {id(p) for p in model.parameters()}
+            live = [r() for r in self.other_optimizers]
+            mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
+            if not mine and not self.manual:  # its optimizer is gone already: not the training model
+                return
+            self.root, self.optimizer = module, mine[-1] if mine else None
+            self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
+            self.listener.attach(model, self.optimizer)
+        elif module is not self.root:
+            return
+        if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
+            if self.micro:
+                self.close_manual_step()
+            else:  # the step whose backward found the model: not watched, but counted
+                self.step += 1
+        self.backward_since_open = self.stepped_this_step = False
+        self.open = True
+        self.micro += 1
+        self.recorder.tape = Tape(first_form=batch_form(args, kwargs))
+        self.listener.micro_begin(batch_of(args, kwargs), self.step, self.micro)
+
+    # -- backward ----------------------------------------------------------------------------------------------
+    def backward(self, original, tensors, *args, **kwargs):
+        if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
+                and not any(r() is not None for r in self.other_optimizers):
+            self._adopt_by_backward(tensors)
+        if not self.open or self.in_backward or self.is_paused:
+            return original(tensors, *args, **kwargs)
+        tape, self.recorder.tape = self.recorder.tape, None
+        outputs, self.outputs = self.outputs, []
+        if tape is not None:
+            tape.close((tensors, *args), kwargs)
+            unused = tape.unused_model_calls() if len(outputs) > 1 else []
+            if unused:  # a forward whose outputs no backward takes: one the script gave up on, if non-finite
+                self.listener.forwards_given_up(tape, unused, [outputs[n] for n in unused])
+        loss = loss_of(tensors)
+        scaled = self.scaled() if self.scaled is not None else None
+        if scaled is not None and scaled is loss:
+            loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
+        self.in_backward = True
+        try:
+            self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
+            # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
+            # reports it (the trip stops the script at this backward all the same)
+            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+                result = original(tensors, *args, **kwargs)
+        finally:
+            self.in_backward = False
+        self.open = False
+        self.backward_since_open = True
+        self.recorder.tape = Tape(previous=tape)  # the update: what the script does before the optimizer step
+        self.listener.backward_end(self.step, self.micro)
+        return result
+
+    # -- steps -------------------------------------------------------------------------------------------------
+    def step_pre(self, optimizer, args, kwargs):
+        """Before an optimizer step: the update's tape ends here, and the optimizer's own ops are not the script's
+        code (the recorder is off). A closure (Lightning's way) runs the micro-batch inside the step: it is wrapped
+        so that the update's tape ends when it returns, before the optimizer's own math."""
+        if self.is_paused:
+            return None
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0] is the optimizer itself)
+        if closure is None:
+            self._end_update(optimizer)
+            return None
+        hooks = self
+
+        def after_closure(*a, **k):
+            result = closure(*a, **k)
+            if not hooks.is_paused:
+                hooks._end_update(optimizer, closure_calls=True)
+            return result
+
+        if len(args) > 1:
+            return (args[0], after_closure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": after_closure}
+
+    def _end_update(self, optimizer, closure_calls: bool = False) -> None:
+        if self._in_step:  # (LBFGS calls its closure again: the step's tape was handed on already)
+            return
+        if self.optimizer is not None and self._mine(optimizer):
+            update, self.recorder.tape = self.recorder.tape, None
+            if update is not None:
+                update.step_location = user_location(2)  # the script's `optimizer.step()` line
+            if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
+                update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
+            self.listener.step_begin(self.step, update)
+        self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
+        self._in_step = True
+
+    def step_post(self, optimizer, args, kwargs) -> None:
+        if self.is_paused:
+            return
+        if self._in_step:
+            self.recorder.resume()
+            self._in_step = False
+        if self._mine(optimizer):
+            self.stepped_since_update = self.stepped_this_step = True
+            self._close_step(skipped=False)
+
+    def close_manual_step(self) -> None:
+        """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or
+        when the command ends."""
+        update, self.recorder.tape = self.recorder.tape, None
+        self.backward_since_open = False
+        self.listener.step_begin(self.step, update)
+        self._close_step(skipped=False)
+
+    def updated(self) -> None:
+        """GradScaler.update(): a step it skipped (inf gradients) had no optimizer step; it closes here."""
+        if not self.stepped_since_update and self.micro:
+            self._close_step(skipped=True)
+        self.stepped_since_update = False
+
+    def _close_step(self, skipped: bool) -> None:
+        step = self.step
+        self.step, self.micro = step + 1, 0
+        self.listener.step_end(step, skipped)

@@ -1,0 +1,304 @@
+"""The script's own code around the model, recorded so that `debug-nan run` replays a micro-batch IN PLACE.
+
+`debug-nan run` cannot call the script's loss code again: it is whatever the script wrote between the model's
+forward and `backward()` (a cross-entropy, a contrastive pair of forwards, a gradient penalty through
+`torch.autograd.grad`, a GradScaler's scale). So, while a micro-batch runs, a TorchFunctionMode (`Recorder`)
+writes each torch call made OUTSIDE the model's forward into a `Tape`: the function, its arguments (tensors by
+where they came from) and which slots its tensor outputs fill. The model's forward itself is one entry (the mode is
+off inside it: its ops cost nothing extra), replayed by calling the model again. A second tape runs from the last
+backward to the optimizer step (clipping, a GradScaler's unscale), for the replay of an update.
+
+Replaying a tape calls the same functions again, with autograd on, the replayed model's outputs in place of the
+run's, from the run's own state at that step (the session's copy): exact without a deterministic run, and the
+script's files, prints and logs are not touched again. A tensor argument is one of
+  * a slot: an output of an earlier entry (the model's outputs included),
+  * a parameter of the model (restored in place by the copy),
+  * an outside tensor (targets, a mask made before the forward): cloned when small, else kept with its version
+    counter, which must not have moved at the replay (the script changed it in place since: not replayable),
+  * never a tensor that carries a graph made outside the tape (a hook's stash of a forward activation): the tape
+    says why it cannot be replayed, and the watch's finding stands.
+Tensors are tracked by identity with weak references: the tape keeps none of the run's activations alive.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from debug_nan.engine.replay.driver import NotReplayable
+from debug_nan.frames import replayed_at, user_location
+
+SMALL = 1 << 16  # outside tensors up to this many elements are cloned when first used (targets, masks, scales)
+_SCALARS = (bool, int, float, str, torch.Size, torch.dtype, torch.device)  # outputs that change no tensor
+
+
+@dataclass
+class Entry:
+    func: object  # a torch function, or MODEL: a call of the model
+    leaves: list  # the flattened (args, kwargs), each encoded (see Tape._encode)
+    spec: object  # their tree structure
+    outputs: list  # the slot of each tensor output, in the output's flattened order (None: not a tensor)
+    location: tuple | None = None  # (filename, lineno) of the user's line that made the call
+
+
+MODEL = "model"
+
+
+@dataclass
+class Tape:
+    """One recorded region: a micro-batch (first model call -> backward) or an update (backward -> step)."""
+
+    entries: list = field(default_factory=list)
+    externals: list = field(default_factory=list)  # (tensor, version or None when cloned)
+    slots: int = 0
+    backward: tuple | None = None  # (leaves, spec) of the backward() call that closed the micro-batch
+    first_form: str | None = None  # how the first model call's arguments were given (see batch_form)
+    step_location: tuple | None = None  # an update's: (filename, lineno) of the script's optimizer.step() call
+    previous: Tape | None = None  # an update's: the micro-batch tape it follows (its values may be used here)
+    inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
+    unreplayable: str | None = None
+    _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
+    _external_of: dict = field(default_factory=dict)  # id(tensor) -> (index in externals, the tensor)
+
+    # -- recording ----------------------------------------------------------------------------------------------
+    def first_inputs(self, args: tuple, kwargs: dict) -> None:
+        """The first model call's tensors get slots: the script's code may use them again (a gradient penalty
+        differentiates with respect to an input that requires grad); the replay binds the captured batch's."""
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor):
+                self.inputs.append((self._slot(t), t.requires_grad and t.grad_fn is None))
+
+    def model_call(self, args: tuple, kwargs: dict) -> Entry:
+        """A call of the model (its outputs are bound by `returned`); the first one's arguments are the captured
+        batch, given at the replay."""
+        return self.arguments(MODEL, args, kwargs) if self.entries or args or kwargs else Entry(MODEL, [], None, [])
+
+    def arguments(self, func, args: tuple, kwargs: dict) -> Entry:
+        """A call's entry, its arguments encoded BEFORE it runs (an in-place op moves its inputs' versions)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        return Entry(func, [self._encode(x) for x in leaves], spec, [], None if func is MODEL else user_location(3))
+
+    def returned(self, entry: Entry, out) -> None:
+        entry.outputs = self._bind(out)
+        self.entries.append(entry)
+
+    def close(self, args: tuple, kwargs: dict) -> None:
+        """The backward() call that ends the micro-batch: its arguments, encoded like any entry's."""
+        leaves, spec = tree_flatten((args, kwargs))
+        self.backward = ([self._encode(x) for x in leaves], spec)
+
+    def _bind(self, out) -> list:
+        if isinstance(out, torch.Tensor):
+            return [self._slot(out)]
+        leaves, _ = tree_flatten(out)
+        return [self._slot(t) if isinstance(t, torch.Tensor) else None for t in leaves]
+
+    def _slot(self, t: torch.Tensor) -> int:
+        known = self._slot_of.get(id(t))
+        if known is not None and known[1]() is t:  # an in-place op returns its input: the same slot
+            return known[0]
+        self._slot_of[id(t)] = (self.slots, weakref.ref(t))
+        self.slots += 1
+        return self.slots - 1
+
+    def _encode(self, x):
+        if not isinstance(x, torch.Tensor):
+            return ("c", x)
+        known = self._slot_of.get(id(x))
+        if known is not None and known[1]() is x:
+            return ("s", known[0])
+        if isinstance(x, nn.Parameter):
+            return ("p", x)
+        before = self.previous._slot_of.get(id(x)) if self.previous is not None else None
+        if before is not None and before[1]() is x:  # the last micro-batch's loss, detached for logging
+            return ("m", before[0])
+        known = self._external_of.get(id(x))
+        index = known[0] if known is not None and known[1] is x else None
+        if index is None:
+            if x.grad_fn is not None and self.unreplayable is None:
+                self.unreplayable = (f"the script's code used a {tuple(x.shape)} tensor computed by "
+                                     f"{type(x.grad_fn).__name__} outside the recorded calls (e.g. an activation "
+                                     f"a hook stashed during the model's forward): its graph cannot be rebuilt")
+            index = len(self.externals)
+            small = x.numel() <= SMALL and x.grad_fn is None and not x.requires_grad
+            self.externals.append((x.detach().clone(), None) if small else (x, x._version))
+            self._external_of[id(x)] = (index, x)  # (held: its id cannot be another tensor's while the tape lives)
+        return ("x", index)
+
+    def unused_model_calls(self) -> list[int]:
+        """The model calls (their order among the tape's model calls) whose outputs the backward's tensors do not
+        descend from: forwards the script gave up on (a NaN loss it skipped with `continue`) or never meant to train
+        (an accuracy computed with gradients on)."""
+        if self.backward is None:
+            return []
+        needed = {x for kind, x in self.backward[0] if kind == "s"}
+        reached = set()
+        calls = [i for i, e in enumerate(self.entries) if e.func is MODEL]
+        for i in range(len(self.entries) - 1, -1, -1):
+            entry = self.entries[i]
+            if needed.intersection(s for s in entry.outputs if s is not None):
+                needed.update(x for kind, x in entry.leaves if kind == "s")
+                reached.add(i)
+        return [n for n, i in enumerate(calls) if i not in reached]
+
+    def up_to_model_call(self, n: int) -> Tape:
+        """This tape as far as its model call `n` (0-based, among the model calls), with no backward: what a replay
+        of a forward the script gave up on runs."""
+        calls = [i for i, e in enumerate(self.entries) if e.func is MODEL]
+        return Tape(entries=self.entries[:calls[n] + 1], externals=self.externals, slots=self.slots,
+                    first_form=self.first_form, unreplayable=self.unreplayable, inputs=self.inputs)
+
+    # -- replay -------------------------------------------------------------------------------------------------
+    def replay(self, call_model, first_args: tuple, first_kwargs: dict, previous: list | None = None) -> list:
+        """Call every entry again; the first model call gets (first_args, first_kwargs) (the captured batch) ->
+        the slot values. `previous`: an update's, the replayed values of the micro-batch tape it follows. Raises
+        NotReplayable where the replay cannot follow the run."""
+        if self.unreplayable is not None:
+            raise NotReplayable(self.unreplayable)
+        self._previous_values = previous or []
+        values: list = [None] * self.slots
+        given = [t for t in tree_flatten((first_args, first_kwargs))[0] if isinstance(t, torch.Tensor)]
+        if len(given) != len(self.inputs):
+            raise NotReplayable(f"the model took {len(self.inputs)} tensors in the run, {len(given)} in the replay")
+        for (slot, wants_grad), t in zip(self.inputs, given):
+            values[slot] = t.requires_grad_(True) if wants_grad and t.is_leaf else t
+        first = True
+        for entry in self.entries:
+            if entry.func is MODEL:
+                if first:
+                    args, kwargs = first_args, first_kwargs
+                else:
+                    args, kwargs = self._decode(entry.leaves, entry.spec, values)
+                first = False
+                out = call_model(*args, **kwargs)
+            else:
+                args, kwargs = self._decode(entry.leaves, entry.spec, values)
+                with replayed_at(entry.location):
+                    out = entry.func(*args, **kwargs)
+            self._fill(entry, out, values)
+        return values
+
+    def backward_args(self, values: list) -> tuple[tuple, dict]:
+        if self.backward is None:
+            raise NotReplayable("the script called no backward() in this micro-batch")
+        return self._decode(*self.backward, values)
+
+    def _fill(self, entry: Entry, out, values: list) -> None:
+        leaves = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        if len(leaves) != len(entry.outputs):
+            name = "the model" if entry.func is MODEL else getattr(entry.func, "__name__", str(entry.func))
+            raise NotReplayable(f"{name} returned {len(leaves)} values in the replay, {len(entry.outputs)} in the run")
+        for slot, value in zip(entry.outputs, leaves):
+            if slot is not None:
+                values[slot] = value
+
+    def _decode(self, leaves: list, spec, values: list) -> tuple[tuple, dict]:
+        out = []
+        for kind, x in leaves:
+            if kind == "s":
+                if values[x] is None:
+                    raise NotReplayable("a value the run computed was not made again by the replay")
+                out.append(values[x])
+            elif kind == "m":
+                if x >= len(self._previous_values) or self._previous_values[x] is None:
+                    raise NotReplayable("the update used a value of the last micro-batch that was not replayed")
+                out.append(self._previous_values[x])
+            elif kind == "x":
+                tensor, version = self.externals[x]
+                if version is None:  # a clone: fresh for every replay (the replay may change it in place)
+                    tensor = tensor.clone()
+                elif tensor._version != version:
+                    raise NotReplayable(f"the script changed a {tuple(tensor.shape)} tensor in place after using it "
+                                        f"in this micro-batch, so its value then is gone")
+                out.append(tensor)
+            else:  # "p" (a live parameter) or "c" (a constant)
+                out.append(x)
+        return tree_unflatten(out, spec)
+
+
+def batch_form(args: tuple, kwargs: dict) -> str:
+    """How a forward's arguments became one batch (model_calls.batch_of), to give them back to the model the same way."""
+    if kwargs and not args:
+        return "kwargs"
+    if not kwargs:
+        return "single" if len(args) == 1 else "list"
+    return "both"
+
+
+def call_arguments(batch, form: str) -> tuple[tuple, dict]:
+    """The inverse of model_calls.batch_of for the recorded `form`."""
+    if form == "kwargs":
+        return (), dict(batch)
+    if form == "single":
+        return (batch,), {}
+    if form == "list":
+        return tuple(batch), {}
+    rest = dict(batch)
+    return tuple(rest.pop("args")), rest
+
+
+class Recorder(TorchFunctionMode):
+    """Writes the torch calls made while a tape is open into it; passes every call through otherwise.
+
+    It stays on torch's function-mode stack for the whole command, except inside the model's forward and the
+    optimizer step (`suspend` / `resume`), where the ops are many and none is the script's own code. The stack is
+    per thread: a script that trains in a thread of its own gets the recorder there at its model's first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.tape: Tape | None = None
+        self.installed = False
+        self._here = threading.local()  # this thread's: pushed (on its stack), suspended (nested count)
+
+    @property
+    def suspended(self) -> int:
+        return getattr(self._here, "suspended", 0)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tape = self.tape
+        if tape is None or self.suspended or getattr(func, "__name__", "") == "backward":
+            return func(*args, **kwargs)
+        entry = tape.arguments(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if not isinstance(out, _SCALARS):  # (a shape, .item(): nothing a later call can take as a tensor)
+            tape.returned(entry, out)
+        return out
+
+    def install(self) -> None:
+        self.installed = True
+        self._push()
+
+    def uninstall(self) -> None:
+        self.installed = False
+        if getattr(self._here, "pushed", False) and self._on_top():
+            torch._C._pop_torch_function_stack()
+        self._here.pushed = False
+
+    def _push(self) -> None:
+        torch._C._push_on_torch_function_stack(self)
+        self._here.pushed = True
+
+    def _on_top(self) -> bool:
+        n = torch._C._len_torch_function_stack()
+        return n > 0 and torch._C._get_function_stack_at(n - 1) is self
+
+    def suspend(self) -> None:
+        """Off the stack (entering the model's forward or the optimizer step); nested calls count."""
+        here = self._here
+        here.suspended = getattr(here, "suspended", 0) + 1
+        if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
+            torch._C._pop_torch_function_stack()
+            here.pushed = False
+
+    def resume(self) -> None:
+        here = self._here
+        here.suspended = max(0, getattr(here, "suspended", 0) - 1)
+        if here.suspended == 0 and not getattr(here, "pushed", False) and self.installed:
+            self._push()

@@ -1,0 +1,76 @@
+"""Tier 3's entry from a replay: the origin the tracer named (an OpEvent) and what the replay saw besides ->
+the Finding, in words. Pure: no replay, no driver; every entry point's pinpoint ends here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from debug_nan.engine.explain.diagnose import diagnose
+from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
+from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
+from debug_nan.engine.trace.tracer import OpEvent
+from debug_nan.engine.vocabulary import Phase
+from debug_nan.engine.watch.watch_result import Check
+from debug_nan.errors import describe_exception
+
+
+@dataclass
+class ReplayFacts:
+    """What the last replay saw besides its origin."""
+
+    loss_harmed: bool = False  # the replayed loss itself was non-finite
+    nonfinite_outputs: list = field(default_factory=list)  # (module path, origin ids) of module outputs with NaN/Inf
+    hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
+
+
+def event_finding(step: int, micro: int, event: OpEvent, raw, check: Check | None, error: BaseException | None,
+                  model: nn.Module, optimizer, facts: ReplayFacts, reached: list[str] | None = None) -> Finding:
+    """The Finding for `event`, the origin in the harmed value's lineage, at micro-batch `micro` of `step`."""
+    cause, explanation, suggestions = diagnose(event, raw)
+    if check is not None and check.kind == "grad" and facts.loss_harmed:
+        explanation += (" In the run the loss was finite and only the gradients went non-finite; in this eager "
+                        "replay from the same state the loss itself did: the run's kernels (torch.compile's fused "
+                        "kernels, or a non-deterministic one) computed it otherwise, and the op named is the eager "
+                        "computation's.")
+    elif check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
+        related = {event.id} | {e.id for e in event.inf_sources}
+        shown = [p or "<model>" for p, ids in facts.nonfinite_outputs if ids & related]
+        where = (f"The loss stayed finite although module output `{shown[0]}` held the value (it was dropped "
+                 f"or masked after it, e.g. by torch.where, indexing or nan_to_num)" if shown else
+                 "The value was hidden before any module output or the loss (e.g. by torch.where or nan_to_num)")
+        explanation += (f" {where}, but it still leaked: only the gradients went non-finite, since backward "
+                        f"multiplies it by 0 and 0 * inf = NaN.")
+    module, kind_of_module = event.module, event.module_type
+    if event.phase == Phase.OPTIMIZER:
+        bad = {k: v for k, v in event.scalars.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad and optimizer is None:  # a hand-written update's step size is itself non-finite
+            explanation = (f"{event.op} was called with {', '.join(f'{k}={v}' for k, v in bad.items())}: the "
+                           f"step size the loop computed is not finite")
+        param, explanation, replaced = _optimizer_explanation(model, optimizer, facts.hyper, reached or [],
+                                                              explanation)
+        suggestions = replaced or suggestions
+        module = param.rsplit(".", 1)[0] if param and "." in param else ""
+        kind_of_module = module_type(model, module) if param else ""
+    return Finding(
+        step=step, micro_step=micro, phase=event.phase, module=module, module_type=kind_of_module,
+        op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,
+        suggestions=suggestions, source_line=event.source_line, backward_node=event.backward_node,
+        forward_source=event.forward_source, sample_ids=sample_ids(raw),
+        inputs=stats_dict(event.inputs), outputs=stats_dict(event.outputs),
+        watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
+        exception=describe_exception(error) if error is not None else None,
+    )
+
+
+def _optimizer_explanation(model, optimizer, hyper, reached: list[str], evidence: str
+                           ) -> tuple[str | None, str, list | None]:
+    """(parameter name, explanation, replacement suggestions or None) for an origin inside the optimizer step;
+    `reached` names the parameters and states its values reached."""
+    what = f"`{reached[0]}`" if reached else "a parameter or optimizer state"
+    name = reached[0].split(" (optimizer")[0] if reached else None
+    param = dict(model.named_parameters()).get(name) if name else None
+    explanation, suggestions = optimizer_explanation(optimizer, hyper, param, what, evidence)
+    return name, explanation, suggestions

@@ -1,0 +1,9 @@
+"""The step session: THE protocol every entry point runs, written once.
+
+session.py (StepSession: begin_step, begin_micro, watch_loss/watch_grads, end_micro, decide, stepped, finish;
+SessionPolicies: what differs between entry points, built in one place from the settings) ; agreement.py (the
+ranks' agreement under DDP) ; distributed.py (process-group facts and collectives) ; copies.py (when the state is
+copied) ; output_schedule.py (when module outputs are measured) ; outcome.py (a decision: clean, trip, skipped
+step) ; unreplayed.py (trips the replay cannot name) ; repro.py (what a repro bundle holds) ; precision.py (the
+loss scaler's view of fp16 / bf16).
+"""

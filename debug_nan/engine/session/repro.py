@@ -1,0 +1,23 @@
+"""What a repro bundle holds (presentation/bundle.py writes it), read from a Trainer after its replay."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from debug_nan.engine.replay.driver import StepInputs
+from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.stats import move_to
+
+
+def repro_state(trainer, inputs: StepInputs, micro: int, finding: Finding, check, optimizer_phase: bool) -> dict:
+    """Everything a repro bundle holds (presentation/bundle.py writes it): the state before the step, its
+    micro-batches up to the failing one as produced (CPU) with their RNG states, the settings. It restores
+    the snapshot to read the state, so it comes after the replay."""
+    n = trainer.accumulation_steps if optimizer_phase else micro
+    return {"finding": finding.to_dict(), "step": inputs.step, "micro": micro,
+            "optimizer_phase": optimizer_phase, "check": asdict(check) if check is not None else None,
+            "batches": [move_to(b, torch.device("cpu")) for b in inputs.batches[:n]], "rng": inputs.rng[:n],
+            **inputs.snapshot.state_dicts(), "settings": trainer.s.to_dict(), "torch": torch.__version__,
+            "device": str(trainer.device)}

@@ -1,0 +1,142 @@
+"""Data-flow provenance for the tracer: which origins each non-finite value descends from.
+
+Lineage is tracked per STORAGE, not per tensor object: a view, an in-place op, an `out=` op and a tensor that
+autograd saved for backward all share their base's storage, so they share its lineage. Each storage that ever held
+a non-finite value maps to two sets of origin ids, NaN origins and Inf origins (a NaN's lineage and an Inf's
+differ: the -inf of a mask is the Inf origin, the softmax that turned an all -inf row into NaN the NaN origin).
+Storages that stayed finite have no entry, so the finite path costs nothing. The map is weak: a freed storage
+drops its entry, and a new allocation at the same address is a new key.
+
+Granularity is the storage: a non-finite view of a storage whose other regions hold values of other origins
+inherits those origins too (a superset, never a miss).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._pytree import tree_map
+
+from debug_nan.engine.trace.events import OpEvent, has_nonfinite
+
+NO_IDS: frozenset = frozenset()
+
+
+def storage_key(t: torch.Tensor):
+    """The storage object (one Python object per storage, kept alive as long as the storage is), or the tensor
+    itself for tensors without a storage (sparse, some subclasses)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return t
+
+
+def covers_storage(t: torch.Tensor) -> bool:
+    """Does writing t overwrite its whole storage (so the storage's old lineage is gone)?"""
+    try:
+        return t.numel() * t.element_size() >= t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return True
+
+
+def whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """All of t's storage as a flat tensor of t's dtype (to re-judge it after a partial in-place write)."""
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (storage.nbytes() // t.element_size(),))
+
+
+class Lineage:
+    """Storage -> (NaN origin ids, Inf origin ids); the origins themselves; copy-on-write of their tensors.
+
+    Origins beyond `keep` are still recorded (op, phase, module, source) so lineage stays complete, but their
+    tensors are dropped to bound memory; their `note` says so."""
+
+    def __init__(self, keep: int = 64):
+        self.origins: list[OpEvent] = []
+        self.keep = keep
+        self.dropped = 0
+        self._sets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._pins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> [(event, field, index)]
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    # -- origins ---------------------------------------------------------------------------------------------------
+    def add(self, event: OpEvent, pin: bool = True) -> OpEvent:
+        """Register an origin (assigns event.id). `pin`: protect its input/output tensors from later in-place
+        writes (False for tensors that are private clones already)."""
+        event.id = len(self.origins)
+        self.origins.append(event)
+        if event.id >= self.keep:
+            self.dropped += 1
+            event.inputs, event.outputs, event.saved, event.args, event.kwargs = [], [], {}, (), {}
+            event.node = None
+            event.note = (f"origin #{event.id + 1}, beyond the first {self.keep} of this replay: its tensors were not "
+                          f"kept, so the evidence is limited to the op and where it ran.")
+            return event
+        for field in (("outputs", "inputs") if pin else ("outputs",)):
+            for i, (_, t) in enumerate(getattr(event, field)):
+                self._pins.setdefault(storage_key(t), []).append((event, field, i))
+        return event
+
+    def protect(self, written: list[torch.Tensor]) -> None:
+        """Before an op writes into these tensors: give every kept origin that references their storage its own
+        copy, so its evidence stays what it was when it happened."""
+        if not self._pins:
+            return
+        for t in written:
+            for event, field, i in self._pins.pop(storage_key(t), ()):
+                entries = getattr(event, field)
+                name, old = entries[i]
+                copy = old.detach().clone()
+                entries[i] = (name, copy)
+                swap = lambda v, old=old, copy=copy: copy if v is old else v  # noqa: E731
+                event.args, event.kwargs = tree_map(swap, event.args), tree_map(swap, event.kwargs)
+
+    # -- the per-storage sets ----------------------------------------------------------------------------------------
+    def get(self, t: torch.Tensor) -> tuple[frozenset, frozenset] | None:
+        return self._sets.get(storage_key(t))
+
+    def assign(self, t: torch.Tensor, nan_ids: frozenset, inf_ids: frozenset, replace: bool) -> None:
+        """t now holds non-finite values of these origins. `replace`: t was written whole (its storage's old
+        lineage is gone); otherwise the old lineage of the storage's other regions is kept alongside."""
+        key = storage_key(t)
+        old = None if replace else self._sets.get(key)
+        if old is not None:
+            nan_ids, inf_ids = nan_ids | old[0], inf_ids | old[1]
+        self._sets[key] = (frozenset(nan_ids), frozenset(inf_ids))
+
+    def cleared(self, written: list[torch.Tensor]) -> None:
+        """These tensors were just written and are finite: their storage's lineage ends, unless other regions of
+        the storage still hold non-finite values."""
+        for t in written:
+            key = storage_key(t)
+            if key not in self._sets:
+                continue
+            if key is t or covers_storage(t):
+                del self._sets[key]
+                continue
+            if not has_nonfinite(whole_storage(t)):
+                del self._sets[key]
+
+    # -- the answer ----------------------------------------------------------------------------------------------------
+    def earliest(self, nan_ids: frozenset, inf_ids: frozenset, any_nan: bool) -> OpEvent | None:
+        """The earliest origin in a harm's lineage that was not written on purpose, else the earliest deliberate
+        one. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (an overflow upstream of an
+        `inf - inf` is the root, while the -inf of a mask under a fully masked softmax is not: it is deliberate,
+        so the softmax is). An Inf-only harm's lineage: its Inf origins. Both: a backward origin's forward origin
+        (forward_origin) too."""
+        todo = [self.origins[i] for i in (nan_ids if any_nan and nan_ids else inf_ids)]
+        events, seen = [], set()
+        while todo:
+            e = todo.pop()
+            if e.id in seen:
+                continue
+            seen.add(e.id)
+            events.append(e)
+            todo += e.inf_sources + ([e.forward_origin] if e.forward_origin is not None else [])
+        if not events:
+            return None
+        real = [e for e in events if not e.deliberate]
+        return min(real or events, key=lambda e: (e.seq, e.id))

@@ -1,1 +1,0 @@
-"""`debug-nan run -- COMMAND`: watch the user's own, unmodified training command (see job.py)."""

@@ -1,1 +1,0 @@
-"""Model tier: the AAM-style reference model (the built-in task's model)."""

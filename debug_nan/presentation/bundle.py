@@ -1,0 +1,110 @@
+"""Repro bundles, the file format: one file that replays a finding, on this machine or another (CPU or GPU).
+
+It holds what the Trainer's repro_state() gives (the model, optimizer, scaler and scheduler state and each
+module's training flag from just before the failing step, the step's micro-batches up to the failing one as
+produced, on the CPU, the RNG state before each, the settings) plus the task reference: a --task file's absolute
+path and text, so a replay works from another folder or machine and runs the task as it was at the run (not as
+the file is now). app/replay.py rebuilds the run from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import debug_nan
+from debug_nan.engine.explain.finding import Finding
+from debug_nan.errors import InputError
+from debug_nan.presentation.outputs import OutputWriteError, atomic_write
+
+BUNDLE_VERSION = 1
+
+
+# what app/replay.py reads from a bundle: a file without one of these is not a bundle it can replay
+REQUIRED_KEYS = ("settings", "step", "micro", "optimizer_phase", "check", "batches", "rng", "finding", "task")
+
+
+def write_bundle(directory: str | Path, state: dict) -> Path:
+    """Write `state` (train.repro.repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in `directory`
+    (OutputWriteError, naming the folder and the reason, when it cannot: a full disk, a read-only folder)."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputWriteError(f"--bundle-dir {directory}: cannot create the folder ({exc.strerror or exc}).") from None
+    path = directory / f"debug-nan-bundle-step{state['step']}-micro{state['micro']}.pt"
+    data = {"version": BUNDLE_VERSION, **state, **task_reference(state["settings"].get("task"))}
+    # a batch value that cannot be pickled fails inside the write too, leaving no half file
+    atomic_write(path, lambda handle: torch.save(data, handle), "repro bundle")
+    return path
+
+
+def task_reference(spec: str | None) -> dict:
+    """A --task as the bundle keeps it: a FILE.py spec with its absolute path and the file's text (so a replay
+    works from another folder, or on another machine where the file is not), a module spec as given."""
+    if not spec or ":" not in spec:
+        return {"task": spec, "task_source": None}
+    where, name = spec.rsplit(":", 1)
+    path = Path(where)
+    if where.endswith(".py") and path.is_file():
+        return {"task": f"{path.resolve()}:{name}", "task_source": path.read_text()}
+    return {"task": spec, "task_source": None}
+
+
+def task_file_state(bundle: dict) -> str | None:
+    """How the --task file on disk compares with the copy in the bundle, in words (None: no file task)."""
+    spec, source = bundle.get("task"), bundle.get("task_source")
+    if not spec or source is None:
+        return None
+    where = Path(spec.rsplit(":", 1)[0])
+    if not where.is_file():
+        return f"the task file {where} is not on this machine; the replay uses the copy stored in the bundle."
+    try:
+        same = where.read_text() == source
+    except (OSError, UnicodeDecodeError):
+        same = False
+    if same:
+        return f"the task file {where} on disk is the one the bundle stored; the replay uses the stored copy."
+    return (f"the task file {where} on disk DIFFERS from the copy stored in the bundle (it changed since the run, "
+            f"e.g. a fix): the replay uses the bundle's copy, so it replays the run as it was. To test the file on "
+            f"disk, run debug-nan --task {where}:NAME again.")
+
+
+def read_bundle(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory, not a bundle file" if path.is_dir() else "does not exist"
+        raise InputError(f"Bundle {path} {what}.")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - whatever torch.load raises, the file is not a readable bundle
+        raise InputError(f"Bundle {path} is not a debug-nan repro bundle that can be read: {_load_failure(path, exc)}.") from None
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > BUNDLE_VERSION:
+        raise InputError(f"Bundle {path} was written by a newer debug-nan (bundle version {version}; this debug-nan "
+                         f"{debug_nan.__version__} reads version {BUNDLE_VERSION}): replay it with the debug-nan "
+                         f"that wrote it, or upgrade.")
+    if version != BUNDLE_VERSION:
+        raise InputError(f"Bundle {path} is not a debug-nan repro bundle of version {BUNDLE_VERSION}.")
+    missing = [key for key in REQUIRED_KEYS if key not in data]
+    if missing:
+        raise InputError(f"Bundle {path} is a debug-nan bundle without its content ({', '.join(missing)} missing): "
+                         f"it was not written by debug-nan's run, or was edited. Write it again with the run.")
+    return data
+
+
+def _load_failure(path: Path, exc: Exception) -> str:
+    """Why torch.load failed, in words: a cut-off copy reads as 'OSError: [Errno 22]' or a zip error."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty"
+    head = path.read_bytes()[:4]
+    if head == b"PK\x03\x04":  # torch's zip format: a damaged or cut-off one
+        return (f"the file ({size:,} bytes) looks truncated or damaged (was it copied completely?); torch.load "
+                f"said {text}")
+    return f"it is not in torch's file format ({text})"
+def same_origin(recorded: dict, finding: Finding) -> bool:
+    """Does a replay's finding name the origin the bundle recorded?"""
+    return all(recorded.get(k) == getattr(finding, k) for k in ("step", "micro_step", "phase", "module", "op", "cause"))
