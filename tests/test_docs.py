@@ -302,7 +302,7 @@ def check_shell_command(script: str, args: list[str], where: str, said: str) -> 
     assert path.is_file(), f"{where}: `{said}`: no script {script}"
     if script not in PASSES_ON:
         return 0
-    spec, own, i = getopts_spec(path), [], 0
+    spec, i = getopts_spec(path), 0
     while spec and i < len(args) and args[i] != "--":
         token = args[i]
         if re.fullmatch(r"-[A-Za-z]", token):
@@ -329,7 +329,8 @@ def check_script_command(script: str, args: list[str], where: str, said: str) ->
             i += 1
             continue
         flag, eq, value = token.partition("=")
-        assert flag in options, f"{where}: `{said}`: {script} has no option {flag} (it has {', '.join(sorted(options))})"
+        assert flag in options, \
+            f"{where}: `{said}`: {script} has no option {flag} (it has {', '.join(sorted(options))})"
         used += 1
         spec = options[flag]
         if not spec["flag"]:
@@ -447,7 +448,8 @@ def test_the_readme_is_a_front_door():
 
 
 def test_the_checks_catch_what_they_should():
-    """The checks above can fail: a made-up option, a bad choice, a made-up script option, a missing path."""
+    """The checks above can fail: a made-up option, a bad choice or value, a made-up script option, a task the
+    file does not define, a made-up option of remote_debug.sh or of the debug-nan arguments it passes on."""
     with pytest.raises(AssertionError, match="has no option --no-such-option"):
         check_debug_nan(["run", "--no-such-option", "--", "python", "train.py"], "x", "x")
     with pytest.raises(AssertionError, match="is not one of"):
