@@ -7,18 +7,31 @@ as the settings define them; the README stays a front door (at most 230 lines). 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import shlex
+import sys
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 
 import click
 import pytest
 
-from debug_nan.cli import main as CLI
-from debug_nan.settings import SECTIONS
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _console_script() -> click.Command:
+    """The `debug-nan` Click command, found where pyproject.toml's [project.scripts] says (modules may move)."""
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["debug-nan"]
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+CLI = _console_script()
+# the config tables: from the settings module the CLI imported, wherever it lives
+SECTIONS = next(module.SECTIONS for name, module in sorted(sys.modules.items())
+                if name.startswith("debug_nan") and isinstance(getattr(module, "SECTIONS", None), dict))
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README_MAX_LINES = 230
 
