@@ -31,7 +31,8 @@ def _console_script() -> click.Command:
 CLI = _console_script()
 # the config tables: from the settings module the CLI imported, wherever it lives
 SECTIONS = next(module.SECTIONS for name, module in sorted(sys.modules.items())
-                if name.startswith("debug_nan") and isinstance(getattr(module, "SECTIONS", None), dict))
+                if name.startswith("debug_nan") and isinstance(getattr(module, "SECTIONS", None), dict)
+                and "train" in module.SECTIONS)
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README_MAX_LINES = 230
 
