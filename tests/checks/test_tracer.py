@@ -185,7 +185,6 @@ def test_frame_kinds_from_the_package_layout():
     assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "model", "attention.py")) == "user"
     assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "data", "batches.py")) == "user"
     assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "task.py")) == "user"
-    assert frame_kind(os.path.join(PACKAGE_DIR, "engine", "trace", "tracer.py")) == "tool"
     assert frame_kind(os.path.join(TORCH_DIR, "optim", "adam.py")) == "torch"
     assert frame_kind(os.path.join(TORCH_DIR, "utils", "_python_dispatch.py")) == "plumbing"
     assert frame_kind(__file__) == "user"
