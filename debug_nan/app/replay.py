@@ -12,6 +12,7 @@ import re
 import time
 
 import debug_nan
+from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.replay.driver import StepInputs, TaskFailure
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.watch.watch import Check
@@ -62,7 +63,7 @@ def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | 
     log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b.get('device')} "
         f"(torch {b.get('torch')}) on {device}.")
     try:
-        finding = trainer.pinpointer.pinpoint(inputs, b["micro"], check, None, optimizer=b["optimizer_phase"])
+        finding = trainer.pinpointer.pinpoint(Trip(inputs, b["micro"], check, None, b["optimizer_phase"]))
     except TaskFailure as failure:
         log(f"The replay raised: {failure}")
         finding = None

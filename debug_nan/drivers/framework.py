@@ -35,6 +35,7 @@ class FrameworkDriver:
     dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
     session_class = StepSession  # `debug-nan run` swaps in its own (its history)
     snapshot_mode = "host"
+    first_step, checkpoint = 0, None  # (StepDriver) the framework loaded whatever state the run starts from
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
                  scaler=None, dist_ctx=None, bundle_dir: str | None = None, scheduler=None):

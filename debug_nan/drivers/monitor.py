@@ -54,6 +54,8 @@ class Monitor:
     step session, and the pinpointer's StepDriver (the replay calls `loss_fn` and your optimizer through the
     methods below)."""
 
+    first_step, checkpoint, dist = 0, None, None  # (StepDriver) the loop's state is its own; one process
+
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer | None = None,
                  log=lambda line="", colour=None: None, *, accumulation_steps: int = 1, scaler=None,
                  max_grad_norm: float | None = None, explosion_threshold: float = 1e4,

@@ -11,6 +11,7 @@ from torch import nn
 from debug_nan.engine.replay.driver import StepDriver, StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
+from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.watch.watch import Check
 from tests.tasks import users_run
 
@@ -19,6 +20,7 @@ class PlainDriver:
     """The smallest StepDriver: one process, fp32, no watch."""
 
     accumulation_steps = 1
+    first_step, checkpoint, dist = 0, None, None
 
     def __init__(self, model, loss_fn, optimizer=None):
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
@@ -57,7 +59,7 @@ def test_a_hand_written_driver_is_a_step_driver_and_replays():
     driver = PlainDriver(model, lambda m, b: torch.log(m(b["x"]) * 0).mean())  # log(0) = -inf in the loss
     assert isinstance(driver, StepDriver)
     batch = {"x": torch.randn(4, 3)}
-    f = Pinpointer(driver).pinpoint(inputs_for(model, batch), 1, Check("loss", "", float("-inf")), None)
+    f = Pinpointer(driver).pinpoint(Trip(inputs_for(model, batch), 1, Check("loss", "", float("-inf"))))
     assert (f.phase, f.op, f.kind, f.cause) == ("loss", "aten.log.default", "inf", "log_of_nonpositive")
     line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "torch.log(m(b" in text)
     assert f.source.endswith(f"test_pinpoint.py:{line}")
@@ -73,7 +75,7 @@ def test_the_replay_restores_the_snapshot_first():
     inputs = inputs_for(model, {"x": -torch.ones(2, 3)})
     with torch.no_grad():
         model.weight.fill_(-1.0)  # would make sqrt's input positive: no NaN
-    f = Pinpointer(driver).pinpoint(inputs, 1, Check("loss", "", float("nan")), None)
+    f = Pinpointer(driver).pinpoint(Trip(inputs, 1, Check("loss", "", float("nan"))))
     assert (f.op, f.cause) == ("aten.sqrt.default", "invalid_domain")
 
 
@@ -84,8 +86,8 @@ def test_out_of_memory_in_the_replay_keeps_the_watch_finding():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
 
     driver = PlainDriver(model, loss)
-    f = Pinpointer(driver).pinpoint(inputs_for(model, {"x": torch.ones(2, 3)}), 1, Check("loss", "", float("nan")),
-                                    None)
+    f = Pinpointer(driver).pinpoint(Trip(inputs_for(model, {"x": torch.ones(2, 3)}), 1,
+                                         Check("loss", "", float("nan"))))
     assert (f.phase, f.kind, f.cause, f.detected_by) == ("loss", "nan", "unknown", "watch")
     assert "the op-level replay ran out of memory (OutOfMemoryError: CUDA out of memory" in f.explanation
     assert any("ran out of memory" in line for line in driver.lines)

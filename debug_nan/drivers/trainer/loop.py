@@ -88,6 +88,11 @@ class Trainer:
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
 
     @property
+    def checkpoint(self) -> str | None:
+        """(StepDriver) --checkpoint: where the run's state came from."""
+        return self.s.checkpoint
+
+    @property
     def save_repro(self):
         """Set by the runner: writes a repro bundle from repro_state(), returns its path (the session's sink)."""
         return self.session.p.bundle_sink

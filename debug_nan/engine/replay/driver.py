@@ -74,6 +74,10 @@ class StepDriver(Protocol):
     optimizer: torch.optim.Optimizer | None
     device: torch.device
     accumulation_steps: int  # micro-batches per optimizer step (each loss is divided by it)
+    first_step: int  # the step the run resumed after (0: a fresh run): a non-finite state met in step
+    # first_step + 1 was there before the run (the checkpoint's or the initialisation's)
+    checkpoint: str | None  # the checkpoint the run's state was loaded from, where the driver loaded it
+    dist: object | None  # under DDP, this rank's DistContext (a rank replaying alone would fall out of step)
 
     def log(self, line: str = "", colour: str | None = None) -> None:
         """One line of the text log."""

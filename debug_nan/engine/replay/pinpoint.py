@@ -27,6 +27,7 @@ from debug_nan.engine.explain.explain import ReplayFacts, event_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
+from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.stats import flat_tensors, move_to
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
@@ -124,7 +125,7 @@ class Pinpointer:
               f"replaying that forward under the op-level tracer to name the op that wrote it", "yellow")
         why = ("not replayed (no snapshot)" if inputs.snapshot is None or not inputs.snapshot.kept else
                "not replayed under torchrun (one rank replaying alone would fall out of step with the others)"
-               if getattr(d, "dist", None) is not None else None)
+               if d.dist is not None else None)
         if why is not None:
             for c in new:
                 self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, why))
@@ -185,19 +186,17 @@ class Pinpointer:
             inputs.snapshot.restore()
 
     # -- findings -----------------------------------------------------------------------------------------------
-    def pinpoint(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                 optimizer: bool = False, trace: bool = True) -> Finding | None:
-        """The Finding behind a trip of micro-batch `micro` (or, optimizer=True, of the step's optimizer update).
+    def pinpoint(self, trip: Trip, trace: bool = True) -> Finding | None:
+        """The Finding behind a trip (Trip: a micro-batch, or with trip.optimizer the step's optimizer update).
         Raises TaskFailure when user code raised and no non-finite value came before it. trace=False (DDP, not
         the pinpointing rank): only take part in the re-run's gradient averaging, and return None."""
+        inputs, micro, check, error, optimizer = trip.inputs, trip.micro, trip.check, trip.error, trip.optimizer
         if not trace:
             self.replay(inputs, micro, optimizer, trace=False)
             return None
         log = self.driver.log
-        raw = inputs.batches[micro - 1]
-        seen = (f"{check.kind} check of `{check.name or '<loss>'}` read {check.value}" if check is not None
-                else f"user code raised {describe_exception(error)}")
-        log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {seen}", "red")
+        raw = trip.batch
+        log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {trip.seen()}", "red")
         if check is not None and check.kind == "data":
             return data_finding(inputs.step, micro, raw, check)
         log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the op-level "
@@ -229,10 +228,10 @@ class Pinpointer:
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
             return writer  # a buffer written non-finite in an earlier micro-batch: its writer is the origin
-        if inputs.step == getattr(self.driver, "first_step", 0) + 1 and is_start_state(event):
+        if inputs.step == self.driver.first_step + 1 and is_start_state(event):
             # nothing in this run came before: the checkpoint (or the task's initialisation) holds the value
-            checkpoint = getattr(getattr(self.driver, "s", None), "checkpoint", None)
-            return start_state_finding(inputs.step, micro, event, raw, watch, self.driver.model, checkpoint)
+            return start_state_finding(inputs.step, micro, event, raw, watch, self.driver.model,
+                                       self.driver.checkpoint)
         if event.phase == Phase.DATA:  # the batch itself held the value that reached the harm
             return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
         reached = None

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from debug_nan.engine.replay.driver import StepInputs
+from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.watch.phase_codes import PHASE_CODE
@@ -39,6 +40,17 @@ class MicroOutcome:
         if self.rank_codes is not None:
             return max(self.rank_codes, default=0) == PHASE_CODE["param"]
         return self.check is not None and self.check.kind == "param"
+
+    @property
+    def trip(self) -> Trip | None:
+        """What this outcome points the replay at (the one rule): a parameter check blames the previous step's
+        optimizer update, replayed through all its micro-batches (None when there is no previous step in this
+        run); anything else, this micro-batch."""
+        if self.check is not None and self.check.kind == "param":
+            if self.previous is None:
+                return None
+            return Trip(self.previous, len(self.previous.batches), self.check, None, optimizer=True)
+        return Trip(self.inputs, self.micro, self.check, self.error)
 
     @property
     def only_gradients(self) -> bool:

@@ -267,34 +267,31 @@ class StepSession:
 
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
         """The finding behind a trip; a parameter trip is the previous step's optimizer update."""
-        kind = o.check.kind if o.check is not None else None
-        snap = self.snapshot
-        if kind == "param" and o.previous is None:
+        if (trip := o.trip) is None:
             return None
-        target, micro = (o.previous, len(o.previous.batches)) if kind == "param" else (o.inputs, o.micro)
-        self._trip_target = target
-        replayable = snap.kept and kind != "data" and (kind != "param" or snap.keeps_optimizer)
+        snap = self.snapshot
+        self._trip_target = trip.inputs
+        kind = trip.check.kind if trip.check is not None else None
+        replayable = snap.kept and kind != "data" and (not trip.optimizer or snap.keeps_optimizer)
         try:
-            why = self.copies.at(target) if replayable else None  # (for a parameter trip: a re-run, maybe)
+            why = self.copies.at(trip.inputs) if replayable else None  # (for an update: a re-run, maybe)
             if (kind != "data" and not replayable) or why:
-                finding = unreplayed_finding(o, micro, self.model, self.log, snap.kept, why)
+                finding = unreplayed_finding(trip, self.model, self.log, snap.kept, why)
             else:
-                finding = self.pinpointer.pinpoint(target, micro, o.check, None if kind == "param" else o.error,
-                                                   optimizer=kind == "param", trace=trace)
+                finding = self.pinpointer.pinpoint(trip, trace=trace)
         except KeyboardInterrupt as exc:
-            if o.check is None:
+            if trip.check is None:
                 raise
-            raise interrupted_pinpoint(exc, target, micro, o.check, self.model) from None
+            raise interrupted_pinpoint(exc, trip, self.model) from None
         return adapt_advice(finding, self.p.dialect) if finding is not None else None
 
     def save_bundle(self, finding: Finding | None, o: MicroOutcome) -> None:
         """The finding's repro bundle, written by the rank that pinpointed (the state is read from the snapshot)."""
         if finding is None or self.p.bundle_sink is None or finding.detected_by == "gradient history":
             return
-        optimizer = finding.phase == Phase.OPTIMIZER and o.previous is not None and o.check is not None \
-            and o.check.kind == "param"
-        inputs = o.previous if optimizer else o.inputs
-        micro = len(inputs.batches) if optimizer else o.micro
+        trip = o.trip
+        optimizer = trip is not None and trip.optimizer and finding.phase == Phase.OPTIMIZER
+        inputs, micro = (trip.inputs, trip.micro) if optimizer else (o.inputs, o.micro)
         if self.copies.at(inputs) is not None:  # (no snapshot kept, or a re-run to it that failed)
             return
         try:
