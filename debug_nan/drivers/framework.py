@@ -26,7 +26,8 @@ from debug_nan.presentation.bundle import write_bundle
 from debug_nan.settings import RunSettings
 from debug_nan.engine.session.agreement import RankAgreement, RunAborted
 from debug_nan.engine.session.distributed import average_gradients
-from debug_nan.engine.session.session import SessionPolicies, StepSession
+from debug_nan.engine.session.policies import SessionPolicies
+from debug_nan.engine.session.session import StepSession
 from debug_nan.drivers.task import split_loss
 
 
@@ -34,7 +35,6 @@ class FrameworkDriver:
     framework = "framework"
     dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
     session_class = StepSession  # `debug-nan run` swaps in its own (its history)
-    snapshot_mode = "host"
     first_step, checkpoint = 0, None  # (StepDriver) the framework loaded whatever state the run starts from
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
@@ -45,14 +45,12 @@ class FrameworkDriver:
         self.s, self.dist = settings, dist_ctx
         self.accumulation_steps = settings.gradient_accumulation_steps
         sink = (lambda state: str(write_bundle(bundle_dir, state))) if bundle_dir is not None else None
-        self.session = self.session_class(self, SessionPolicies(
-            scaler=self.scaler, agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
+        self.session = self.session_class(self, SessionPolicies.from_settings(
+            settings, self.dialect, scaler=self.scaler,
+            agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
             # the framework's backward on the other ranks may already be inside a gradient all-reduce: an
             # exception is decided by the rank that raised, alone
-            agree_on_errors=False, bundle_sink=sink,
-            explosion=(settings.explosion_threshold, settings.explosion_growth), dialect=self.dialect,
-            snapshot_mode=self.snapshot_mode, snapshot_every=settings.snapshot_every or None,
-            outputs_every=settings.outputs_every or None, scheduler=scheduler))
+            agree_on_errors=False, bundle_sink=sink, scheduler=scheduler))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside a training micro-batch
         self.findings: list[Finding] = []

@@ -37,7 +37,9 @@ from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.presentation.summary import finding_lines
 from debug_nan.engine.session.precision import scaled_step
-from debug_nan.engine.session.session import SessionPolicies, StepSession
+from debug_nan.settings import RunSettings
+from debug_nan.engine.session.policies import SessionPolicies
+from debug_nan.engine.session.session import StepSession
 from debug_nan.drivers.task import split_loss
 
 
@@ -68,9 +70,9 @@ class Monitor:
         self.device = next(model.parameters()).device
         self.accumulation_steps, self.max_grad_norm = accumulation_steps, max_grad_norm
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self.session = StepSession(self, SessionPolicies(
-            scaler=self.scaler, explosion=(explosion_threshold, explosion_growth), dialect="api",
-            snapshot_mode=snapshot, snapshot_every=snapshot_every, outputs_every=outputs_every))
+        knobs = RunSettings(explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
+                            snapshot=snapshot, snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0)
+        self.session = StepSession(self, SessionPolicies.from_settings(knobs, "api", scaler=self.scaler))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside step()
         self.watch.detailed = detailed

@@ -15,6 +15,22 @@ import re
 from enum import Enum
 
 
+class CheckKind(str, Enum):
+    """What a watch check read (engine/watch): the harm kinds (PARAM: a parameter or optimizer state, LOSS,
+    LOSS_PART, GRAD) and the evidence kinds (DATA: a batch tensor, FORWARD: a module output, BUFFER)."""
+
+    PARAM = "param"
+    DATA = "data"
+    FORWARD = "forward"
+    LOSS = "loss"
+    LOSS_PART = "loss_part"
+    GRAD = "grad"
+    BUFFER = "buffer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Phase(str, Enum):
     DATA = "data"
     FORWARD = "forward"

@@ -33,6 +33,7 @@ from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.session import StepSession
+from debug_nan.engine.vocabulary import CheckKind
 
 
 class RunHistory(History):
@@ -196,7 +197,7 @@ class RunDriver(FrameworkDriver):
                  f"it to see whether a NaN/Inf was born before the script gave up on it", "yellow")
         outcome = self.session.end_micro(last=False, error=ScriptGaveUp(
             f"the command exited with code {code} in this micro-batch, before its backward()"))
-        outcome.check = Check("forward", "<model output>", reading) if reading is not None else None
+        outcome.check = Check(CheckKind.FORWARD, "<model output>", reading) if reading is not None else None
         try:
             finding = self.session.decide(outcome)
         except TaskFailure:
@@ -219,7 +220,7 @@ class RunDriver(FrameworkDriver):
                      "red")
             self.session.inputs.tapes[-1] = tape.up_to_model_call(n)
             outcome = self.session.end_micro(last=False)
-            outcome.check = Check("forward", "<model output>", reading)
+            outcome.check = Check(CheckKind.FORWARD, "<model output>", reading)
             self._settle(lambda: self.session.decide(outcome), last=False)
 
     def _keep_partial_tape(self) -> None:

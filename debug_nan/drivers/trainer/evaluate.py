@@ -29,6 +29,7 @@ from debug_nan.engine.replay.snapshot import capture_rng
 from debug_nan.engine.stats import capture_batch, flat_tensors, move_to
 from debug_nan.engine.watch.watch import Check
 from debug_nan.errors import InputError
+from debug_nan.engine.vocabulary import CheckKind
 
 
 def harmed_values(out) -> list[tuple[str, torch.Tensor]]:
@@ -121,5 +122,5 @@ class EvalPass:
         losses.append(values[names.index("loss")] if "loss" in names else values[0])
         for (name, _), value in zip(named, values):
             if not math.isfinite(value):
-                return Check("loss" if name == "loss" else "loss_part", name, value), None
+                return Check(CheckKind.LOSS if name == "loss" else CheckKind.LOSS_PART, name, value), None
         return None, None

@@ -36,7 +36,8 @@ from debug_nan.drivers.trainer.overlap import OverlappedAllReduce
 from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
 from debug_nan.engine.session.precision import Precision, scaled_step
 from debug_nan.drivers.recipe import build_recipe, enter_training_mode
-from debug_nan.engine.session.session import SessionPolicies, StepSession
+from debug_nan.engine.session.policies import SessionPolicies
+from debug_nan.engine.session.session import StepSession
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.drivers.task import Task, eager_module, micro_batches, split_loss
 
@@ -69,12 +70,9 @@ class Trainer:
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
             if dist_ctx is not None else None
         self.agreement = RankAgreement(dist_ctx, self.device, log) if dist_ctx is not None else None
-        self.session = StepSession(self, SessionPolicies(
-            scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
-            averaged_after_watch=dist_ctx is not None, explosion=(settings.explosion_threshold,
-                                                                  settings.explosion_growth),
-            dialect="cli", snapshot_mode=settings.snapshot, snapshot_every=settings.snapshot_every or None,
-            outputs_every=settings.outputs_every or None, scheduler=self.scheduler), self.watch)
+        self.session = StepSession(self, SessionPolicies.from_settings(
+            settings, "cli", scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
+            averaged_after_watch=dist_ctx is not None, scheduler=self.scheduler), self.watch)
         self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")

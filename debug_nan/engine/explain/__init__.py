@@ -1,6 +1,7 @@
 """Explain: a traced origin -> a Finding (what, where, why, what to try). Pure: no driver, no replay.
 
-explain.py (event_finding, ReplayFacts: the one function every entry point's trip ends in) ; diagnose.py (the
+explain.py (explain(Trace) -> Finding: the one function every entry point's trip ends in; Trace is the
+replay's hand-off) ; diagnose.py (the
 cause rules in causes/, each a function (OpEvent, batch) -> (Cause, evidence)) ; finding.py (Finding, the
 hand-off to presentation: to_dict() is the JSON report's `findings` entry) ; optimizer_evidence.py (the step's
 param groups as evidence for an optimizer-phase origin).

@@ -1,5 +1,6 @@
-"""Tier 3's entry from a replay: the origin the tracer named (an OpEvent) and what the replay saw besides ->
-the Finding, in words. Pure: no replay, no driver; every entry point's pinpoint ends here."""
+"""Tier 3's entry from a replay: explain(Trace) -> Finding. The Trace is the replay's hand-off: the origin the
+tracer named in the harmed value's lineage (an OpEvent) and what the replay saw besides. Pure: no replay, no
+driver; every entry point's pinpoint ends here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
 from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
 from debug_nan.engine.trace.tracer import OpEvent
-from debug_nan.engine.vocabulary import Phase
+from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.watch_result import Check
 from debug_nan.errors import describe_exception
 
@@ -26,16 +27,42 @@ class ReplayFacts:
     hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
 
 
-def event_finding(step: int, micro: int, event: OpEvent, raw, check: Check | None, error: BaseException | None,
-                  model: nn.Module, optimizer, facts: ReplayFacts, reached: list[str] | None = None) -> Finding:
-    """The Finding for `event`, the origin in the harmed value's lineage, at micro-batch `micro` of `step`."""
+@dataclass
+class Trace:
+    """What a replay hands explain (replay -> explain): the origin in the harmed value's lineage, where it was
+    replayed, what the watch saw there, and what else the replay saw."""
+
+    step: int
+    micro: int  # 1-based (the eval pass: the held-out batch)
+    origin: OpEvent
+    batch: object  # the micro-batch as produced (for its sample ids)
+    check: Check | None = None  # the watch's check that tripped (None: user code raised)
+    error: BaseException | None = None  # what user code raised, in the run or in the replay
+    facts: ReplayFacts = field(default_factory=ReplayFacts)
+    reached: list[str] | None = None  # an optimizer-phase origin: the parameters and states its values reached
+
+    def to_dict(self) -> dict:
+        """The trace as data: where, the origin op, what the watch saw (tensors left out)."""
+        o = self.origin
+        return {"step": self.step, "micro": self.micro, "op": o.op, "phase": o.phase, "module": o.module,
+                "source": o.source, "kind": o.kind, "reached": self.reached, "loss_harmed": self.facts.loss_harmed,
+                "check": None if self.check is None else
+                {"kind": self.check.kind, "name": self.check.name, "value": self.check.value},
+                "error": describe_exception(self.error) if self.error is not None else None}
+
+
+def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
+    """The Finding for the trace's origin, in words: the cause and its evidence, the advice, the module."""
+    step, micro, event, raw, check, error = (trace.step, trace.micro, trace.origin, trace.batch, trace.check,
+                                             trace.error)
+    facts, reached = trace.facts, trace.reached
     cause, explanation, suggestions = diagnose(event, raw)
-    if check is not None and check.kind == "grad" and facts.loss_harmed:
+    if check is not None and check.kind == CheckKind.GRAD and facts.loss_harmed:
         explanation += (" In the run the loss was finite and only the gradients went non-finite; in this eager "
                         "replay from the same state the loss itself did: the run's kernels (torch.compile's fused "
                         "kernels, or a non-deterministic one) computed it otherwise, and the op named is the eager "
                         "computation's.")
-    elif check is not None and check.kind == "grad" and event.phase in ("forward", "loss"):
+    elif check is not None and check.kind == CheckKind.GRAD and event.phase in ("forward", "loss"):
         related = {event.id} | {e.id for e in event.inf_sources}
         shown = [p or "<model>" for p, ids in facts.nonfinite_outputs if ids & related]
         where = (f"The loss stayed finite although module output `{shown[0]}` held the value (it was dropped "

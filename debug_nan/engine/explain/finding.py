@@ -11,7 +11,7 @@ from torch import nn
 
 from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.engine.stats import flat_tensors, tensor_stats
-from debug_nan.engine.vocabulary import Cause, PHASE_OF_KIND, Phase
+from debug_nan.engine.vocabulary import CheckKind, Cause, PHASE_OF_KIND, Phase
 from debug_nan.engine.watch.watch import Check
 
 
@@ -103,7 +103,7 @@ def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Modul
     """What the watch saw, when the op-level replay could not name the op: `why` says why (default: the replay
     stayed finite)."""
     phase = PHASE_OF_KIND.get(check.kind, "forward")
-    module = check.name if check.kind == "forward" else ""
+    module = check.name if check.kind == CheckKind.FORWARD else ""
     why = why or ("the op-level replay of the same micro-batch stayed finite: the value depends on something the "
                   "replay could not restore (a non-deterministic kernel, state outside the model and optimizer).")
     explanation = f"The watch saw {check.kind} `{check.name or '<loss>'}` = {check.value}, but {why}"

@@ -23,7 +23,7 @@ from debug_nan.engine.replay.driver import (NotReplayable, StepDriver, StepInput
                                      optimizer_step, replay_loss)
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
-from debug_nan.engine.explain.explain import ReplayFacts, event_finding
+from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
@@ -32,7 +32,7 @@ from debug_nan.engine.stats import flat_tensors, move_to
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
-from debug_nan.engine.vocabulary import Phase
+from debug_nan.engine.vocabulary import CheckKind, Phase
 
 
 class Pinpointer:
@@ -161,7 +161,7 @@ class Pinpointer:
                        "not traced: the replay of that forward left it finite (state the replay does not restore)")
                 self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, None, why))
                 continue
-            finding = (data_finding(inputs.step, micro, raw, Check("data", event.label, 1.0))
+            finding = (data_finding(inputs.step, micro, raw, Check(CheckKind.DATA, event.label, 1.0))
                        if event.phase == Phase.DATA else self.event_finding(inputs.step, micro, event, raw, None, None))
             self.writers.add(Written(c.name, inputs.step, micro, c.nonfinite, finding))
             d.log(f"  [pinpoint] buffer `{c.name}` was written by {finding.op or finding.watch} ({finding.phase}"
@@ -197,7 +197,7 @@ class Pinpointer:
         log = self.driver.log
         raw = trip.batch
         log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {trip.seen()}", "red")
-        if check is not None and check.kind == "data":
+        if check is not None and check.kind == CheckKind.DATA:
             return data_finding(inputs.step, micro, raw, check)
         log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the op-level "
             f"tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
@@ -233,7 +233,7 @@ class Pinpointer:
             return start_state_finding(inputs.step, micro, event, raw, watch, self.driver.model,
                                        self.driver.checkpoint)
         if event.phase == Phase.DATA:  # the batch itself held the value that reached the harm
-            return data_finding(inputs.step, micro, raw, Check("data", event.label, float(event.kind)))
+            return data_finding(inputs.step, micro, raw, Check(CheckKind.DATA, event.label, float(event.kind)))
         reached = None
         if event.phase == Phase.OPTIMIZER:
             named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
@@ -277,7 +277,7 @@ class Pinpointer:
                                   f"one.")
             finding = watch_only_finding(step, index, raw, check, d.model)
         elif origin.phase == Phase.DATA:
-            finding = data_finding(step, index, raw, Check("data", origin.label, float(origin.kind)))
+            finding = data_finding(step, index, raw, Check(CheckKind.DATA, origin.label, float(origin.kind)))
         else:
             finding = self.event_finding(step, index, origin, raw, check, error)
         return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
@@ -312,5 +312,6 @@ class Pinpointer:
 
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None, reached: list[str] | None = None) -> Finding:
-        return event_finding(step, micro, event, raw, check, error, self.driver.model, self.driver.optimizer,
-                             self.facts, reached)
+        """The replay's Trace of `event`, explained (engine/explain/explain.py)."""
+        trace = Trace(step, micro, event, raw, check, error, self.facts, reached)
+        return explain(trace, self.driver.model, self.driver.optimizer)

@@ -7,7 +7,7 @@ optimizer step); any other check, or user code raising, blames the current micro
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.watch.watch_result import Check
@@ -40,5 +40,5 @@ class Trip:
     def to_dict(self) -> dict:
         """The trip as data (a repro bundle's `step`, `micro`, `optimizer_phase`, `check` keys hold the same)."""
         return {"step": self.step, "micro": self.micro, "optimizer_phase": self.optimizer,
-                "check": asdict(self.check) if self.check is not None else None,
+                "check": self.check.to_dict() if self.check is not None else None,
                 "error": describe_exception(self.error) if self.error is not None else None}

@@ -11,7 +11,7 @@ stop with its message and exit code, so no rank is ever left waiting in a collec
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +22,7 @@ from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, PHASE_COD
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.engine.session.distributed import DistContext, agree, broadcast
 from debug_nan.engine.session.outcome import MicroOutcome
+from debug_nan.engine.vocabulary import CheckKind
 
 
 class RunAborted(Exception):
@@ -44,6 +45,36 @@ class RunAborted(Exception):
         return describe_exception(exc) if exc is not None else "stopped", 1
 
 
+@dataclass(frozen=True)
+class RankPlan:
+    """Under DDP, who replays a trip: the earliest phase code on any rank and the ranks that saw it."""
+
+    top: float  # the earliest phase code (engine/watch/phase_codes.py)
+    first: list[int]  # the ranks that saw it
+
+    @property
+    def src(self) -> int:
+        return self.first[0]
+
+    @property
+    def update(self) -> bool:
+        """An optimizer update is the suspect: the parameters are the same everywhere, so every rank re-runs its
+        share of the step (the gradients are averaged as in the run) and the first traces the update alone."""
+        return self.top == PHASE_CODE[CheckKind.PARAM]
+
+    @property
+    def gradients_only(self) -> bool:
+        return self.top == PHASE_CODE[CheckKind.GRAD]
+
+    def replays(self, rank: int) -> tuple[bool, bool]:
+        """(whether this rank replays, whether it traces): each rank that saw the earliest phase replays ITS OWN
+        micro-batch, in parallel and with no collectives (where the framework averages the gradients inside the
+        backward, every rank sees the NaN); for an update every rank re-runs and the first traces."""
+        if self.update:
+            return True, rank == self.src
+        return rank in self.first, True
+
+
 class RankAgreement:
     def __init__(self, ctx: DistContext, device: torch.device, log):
         self.ctx, self.device, self.log = ctx, device, log
@@ -52,62 +83,56 @@ class RankAgreement:
         """The watch's per-micro-batch phase code -> every rank's code [world] (one MAX all-reduce)."""
         return agree(local_code, self.ctx)
 
-    def decide(self, o: MicroOutcome, pinpoint: Callable[[MicroOutcome, bool], Finding | None],
-               genuine_gradient_trip: Callable[[MicroOutcome], bool] | None,
-               skip_overflow: Callable[[MicroOutcome], None]) -> Finding | None:
-        """The same decision on every rank. `pinpoint(o, trace)` replays (trace=False: only take part in the
-        gradient averaging); `genuine_gradient_trip(o)` (fp16 only) says whether this rank's non-finite gradients
-        are more than the loss scale's overflow; `skip_overflow(o)` marks the step as skipped by the scaler."""
+    def plan(self, o: MicroOutcome) -> RankPlan | None:
+        """From every rank's phase code: None when all are clean, else who saw the earliest phase first. An abort
+        on any rank raises RunAborted on every rank, with the first aborting rank's message and exit code."""
         codes = o.rank_codes
         top = max(codes)
         if top == 0:
             return None
         first = [r for r, c in enumerate(codes) if c == top]
-        src = first[0]
         if top == ABORT_CODE:  # every rank stops; the first aborting rank says why
-            reason = broadcast(RunAborted.describe(o.abort) if self.ctx.rank == src else None, src)
-            raise RunAborted(f"rank {src}: {reason[0]}", reason[1])
-        if top == PHASE_CODE["grad"] and genuine_gradient_trip is not None and o.record is not None:
-            # the ranks whose own gradients tripped probe them without the loss scale; all agree on the verdict
-            genuine = 1.0 if o.check is not None and genuine_gradient_trip(o) else 0.0
-            verdict = agree(torch.tensor(genuine, device=self.device), self.ctx).tolist()
-            if max(verdict) == 0.0:
-                skip_overflow(o)
-                return None
-            first = [r for r, v in enumerate(verdict) if v > 0]
-            src = first[0]
-        self.log(f"  [ddp] trip seen by rank(s) {first} first (phase {CODE_PHASE[int(top)]}); "
-                 f"{'they replay their own micro-batch' if len(first) > 1 else f'rank {src} pinpoints'}, "
+            reason = broadcast(RunAborted.describe(o.abort) if self.ctx.rank == first[0] else None, first[0])
+            raise RunAborted(f"rank {first[0]}: {reason[0]}", reason[1])
+        return RankPlan(top, first)
+
+    def overflow_verdict(self, plan: RankPlan, genuine: bool) -> RankPlan | None:
+        """fp16, a gradient trip: every rank's verdict on whether its non-finite gradients are more than the loss
+        scale's overflow (`genuine`) -> the plan among the ranks that say so, or None where none does (the step is
+        the scaler's skip)."""
+        verdict = agree(torch.tensor(1.0 if genuine else 0.0, device=self.device), self.ctx).tolist()
+        if max(verdict) == 0.0:
+            return None
+        return RankPlan(plan.top, [r for r, v in enumerate(verdict) if v > 0])
+
+    def announce(self, plan: RankPlan) -> None:
+        self.log(f"  [ddp] trip seen by rank(s) {plan.first} first (phase {CODE_PHASE[int(plan.top)]}); "
+                 f"{'they replay their own micro-batch' if len(plan.first) > 1 else f'rank {plan.src} pinpoints'}, "
                  f"the others wait.", "red")
-        rank = self.ctx.rank
-        outcome = None
-        try:
-            if top == PHASE_CODE["param"]:
-                # identical parameters everywhere: every rank re-runs its share of the step and the gradients are
-                # averaged as in the run; the first rank then traces the optimizer step alone
-                outcome = pinpoint(o, rank == src)
-            elif rank in first:
-                # each rank that saw the earliest phase replays ITS OWN micro-batch (in parallel, no collectives):
-                # where the framework averages the gradients inside the backward, every rank sees the NaN
-                outcome = pinpoint(o, True)
-        except TaskFailure as failure:
-            outcome = failure
-        except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
-            if isinstance(exc, KeyboardInterrupt):
-                reason, code = RunAborted.describe(exc)
-                outcome = RunAborted(f"rank {rank} was {reason} while pinpointing", code)
-            else:
-                outcome = RunAborted(f"rank {rank} failed while pinpointing: {describe_exception(exc)}", 1)
-        if top != PHASE_CODE["param"] and len(first) > 1:
-            # the first rank whose replay named an op is the one reported (else the first that saw it)
+
+    @staticmethod
+    def failure(exc: BaseException, rank: int) -> TaskFailure | RunAborted:
+        """What this rank tells the others when its replay raised (they wait for its answer)."""
+        if isinstance(exc, TaskFailure):
+            return exc
+        if isinstance(exc, KeyboardInterrupt):
+            reason, code = RunAborted.describe(exc)
+            return RunAborted(f"rank {rank} was {reason} while pinpointing", code)
+        return RunAborted(f"rank {rank} failed while pinpointing: {describe_exception(exc)}", 1)
+
+    def report(self, plan: RankPlan, outcome) -> Finding | None:
+        """Every rank's replay outcome -> the one reported, the same on every rank: the first rank whose replay
+        named an op (else the first that saw the trip). A failure is raised on every rank."""
+        src = plan.src
+        if not plan.update and len(plan.first) > 1:
             named = isinstance(outcome, Finding) and outcome.detected_by != "watch"
             flags = agree(torch.tensor(1.0 if named else 0.0, device=self.device), self.ctx).tolist()
             src = next((r for r, f in enumerate(flags) if f > 0), src)
-        outcome = broadcast(outcome if rank == src else None, src)
+        outcome = broadcast(outcome if self.ctx.rank == src else None, src)
         if isinstance(outcome, (TaskFailure, RunAborted)):
             raise outcome
         if outcome is not None:
-            outcome.rank, outcome.first_ranks = src, first
+            outcome.rank, outcome.first_ranks = src, plan.first
         return outcome
 
     def gradient_norms(self, named_params: list[tuple[str, torch.nn.Parameter]], record: StepRecord

@@ -27,6 +27,7 @@ from debug_nan.engine.replay.catch_up import catch_up
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng, restore_rng, schedule_state
 from debug_nan.engine.watch.watch_result import MicroResult
+from debug_nan.engine.vocabulary import CheckKind
 
 SNAPSHOT_SHARE = 0.005  # the share of a step the copy may cost, amortised over the steps between copies
 MAX_SNAPSHOT_EVERY = 16  # at most this many steps re-run (and their batches kept) to bring a copy forward
@@ -73,7 +74,7 @@ class StateCopies:
     def read(self, result: MicroResult) -> None:
         """A sync that read the parameters and optimizer state (a step's first, or the session's finish() before
         an eval pass): the reading stands for the state until the next update."""
-        read = result.segment("param")
+        read = result.segment(CheckKind.PARAM)
         if read is not None:
             self._read = (list(read.names), read.value.copy())
 

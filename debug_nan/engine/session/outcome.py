@@ -14,6 +14,7 @@ from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.watch.phase_codes import PHASE_CODE
 from debug_nan.engine.watch.watch import Check
+from debug_nan.engine.vocabulary import CheckKind
 
 
 @dataclass
@@ -38,15 +39,15 @@ class MicroOutcome:
         """The earliest non-finite value (on any rank, under DDP) is a parameter or optimizer state: the previous
         optimizer step is the one to replay."""
         if self.rank_codes is not None:
-            return max(self.rank_codes, default=0) == PHASE_CODE["param"]
-        return self.check is not None and self.check.kind == "param"
+            return max(self.rank_codes, default=0) == PHASE_CODE[CheckKind.PARAM]
+        return self.check is not None and self.check.kind == CheckKind.PARAM
 
     @property
     def trip(self) -> Trip | None:
         """What this outcome points the replay at (the one rule): a parameter check blames the previous step's
         optimizer update, replayed through all its micro-batches (None when there is no previous step in this
         run); anything else, this micro-batch."""
-        if self.check is not None and self.check.kind == "param":
+        if self.check is not None and self.check.kind == CheckKind.PARAM:
             if self.previous is None:
                 return None
             return Trip(self.previous, len(self.previous.batches), self.check, None, optimizer=True)
@@ -55,7 +56,7 @@ class MicroOutcome:
     @property
     def only_gradients(self) -> bool:
         """Only the gradients went non-finite (the case an fp16 loss scale can cause)."""
-        return self.error is None and self.check is not None and self.check.kind == "grad"
+        return self.error is None and self.check is not None and self.check.kind == CheckKind.GRAD
 
 
 @dataclass

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import torch
 
 from debug_nan.engine.replay.driver import StepInputs
@@ -17,7 +15,7 @@ def repro_state(trainer, inputs: StepInputs, micro: int, finding: Finding, check
     the snapshot to read the state, so it comes after the replay."""
     n = trainer.accumulation_steps if optimizer_phase else micro
     return {"finding": finding.to_dict(), "step": inputs.step, "micro": micro,
-            "optimizer_phase": optimizer_phase, "check": asdict(check) if check is not None else None,
+            "optimizer_phase": optimizer_phase, "check": check.to_dict() if check is not None else None,
             "batches": [move_to(b, torch.device("cpu")) for b in inputs.batches[:n]], "rng": inputs.rng[:n],
             **inputs.snapshot.state_dicts(), "settings": trainer.s.to_dict(), "torch": torch.__version__,
             "device": str(trainer.device)}

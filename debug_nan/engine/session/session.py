@@ -19,8 +19,6 @@ sink, the explosion thresholds and the advice's dialect. A new check is added he
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -30,37 +28,15 @@ from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
 from debug_nan.engine.stats import capture_batch
-from debug_nan.engine.vocabulary import Phase, adapt_advice
+from debug_nan.engine.vocabulary import CheckKind, Phase, adapt_advice
 from debug_nan.engine.watch.watch import Watch
-from debug_nan.engine.session.agreement import RankAgreement
 from debug_nan.engine.session.copies import StateCopies, live_state_kept
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.output_schedule import OutputSchedule
+from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import unscaled
 from debug_nan.engine.session.repro import repro_state
 from debug_nan.engine.session.unreplayed import interrupted_pinpoint, unreplayed_finding
-
-
-@dataclass
-class SessionPolicies:
-    """What differs between entry points; everything else is the session's."""
-
-    scaler: object | None = None  # an enabled torch.amp.GradScaler, or None
-    agreement: RankAgreement | None = None  # DDP: every rank takes the same decision
-    agree_on_errors: bool = True  # DDP: user code raising is agreed on too (False where the framework's backward
-    # may already be inside a gradient all-reduce on the other ranks: that rank decides alone)
-    averaged_after_watch: bool = False  # DDP: the watch read this rank's own gradients; the averaged ones are read
-    # for the explosion check and clipping (the Trainer's overlapped all-reduce)
-    bundle_sink: Callable[[dict], str] | None = None  # writes a repro bundle, returns its path
-    explosion: tuple[float, float] | None = (1e4, 1e3)  # (threshold, growth) of the gradient-norm explosion check
-    dialect: str = "cli"  # the advice's wording (checks/vocabulary.DIALECTS): "cli" flags, or the arguments of
-    # "api" (the Monitor, debug-nan run), "lightning" or "hf"
-    snapshot_mode: str = "host"
-    snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 0.5% of
-    # a step, measured on the CPU (engine/session/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
-    scheduler: object | None = None  # restored by a replay with the rest of the state
-    outputs_every: int | None = None  # measure module outputs every N steps; None: every step up to step 16, then
-    # as often as costs at most 0.5% of a step, measured on the CPU (engine/session/output_schedule.py); every step on CUDA
 
 
 class StepSession:
@@ -204,8 +180,7 @@ class StepSession:
     def decide(self, o: MicroOutcome) -> Finding | None:
         """Trip or not, from one micro-batch's checks (under DDP: the same decision on every rank)."""
         if self.p.agreement is not None and o.rank_codes is not None:
-            genuine = self.gradient_trip_is_genuine if self.scaler is not None else None
-            finding = self.p.agreement.decide(o, self.pinpoint, genuine, self.skip_overflow)
+            finding = self.decide_together(o)
             if finding is not None and finding.rank == self.p.agreement.ctx.rank:
                 self.save_bundle(finding, o)
             return finding if finding is not None else self.after_clean(o)
@@ -217,6 +192,27 @@ class StepSession:
         finding = self.pinpoint(o)
         self.save_bundle(finding, o)
         return finding
+
+    def decide_together(self, o: MicroOutcome) -> Finding | None:
+        """Under DDP, the same decision on every rank (engine/session/agreement.py): who saw the earliest phase,
+        the fp16 overflow verdict, each replaying rank's pinpoint, the one finding reported."""
+        agreement = self.p.agreement
+        if (plan := agreement.plan(o)) is None:
+            return None
+        if plan.gradients_only and self.scaler is not None and o.record is not None:
+            # the ranks whose own gradients tripped probe them without the loss scale; all agree on the verdict
+            plan = agreement.overflow_verdict(plan, o.check is not None and not self.is_scaler_overflow(o))
+            if plan is None:
+                self.skip_overflow(o)
+                return None
+        agreement.announce(plan)
+        replays, traces = plan.replays(agreement.ctx.rank)
+        outcome = None
+        try:
+            outcome = self.pinpoint(o, traces) if replays else None
+        except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
+            outcome = agreement.failure(exc, agreement.ctx.rank)
+        return agreement.report(plan, outcome)
 
     def after_clean(self, o: MicroOutcome) -> Finding | None:
         """A clean micro-batch: the op that wrote a buffer that turned non-finite is traced while this step can be
@@ -246,9 +242,6 @@ class StepSession:
         with live_state_kept(self.model, self.snapshot, self.device, self.scaler):
             return self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
-    def gradient_trip_is_genuine(self, o: MicroOutcome) -> bool:
-        return not self.is_scaler_overflow(o)
-
     def skip_overflow(self, o: MicroOutcome) -> None:
         if not o.record.scaler_skipped:
             self.log(f"  [fp16] gradient scaler overflow at step {o.inputs.step} (finite without the scale): the "
@@ -272,10 +265,10 @@ class StepSession:
         snap = self.snapshot
         self._trip_target = trip.inputs
         kind = trip.check.kind if trip.check is not None else None
-        replayable = snap.kept and kind != "data" and (not trip.optimizer or snap.keeps_optimizer)
+        replayable = snap.kept and kind != CheckKind.DATA and (not trip.optimizer or snap.keeps_optimizer)
         try:
             why = self.copies.at(trip.inputs) if replayable else None  # (for an update: a re-run, maybe)
-            if (kind != "data" and not replayable) or why:
+            if (kind != CheckKind.DATA and not replayable) or why:
                 finding = unreplayed_finding(trip, self.model, self.log, snap.kept, why)
             else:
                 finding = self.pinpointer.pinpoint(trip, trace=trace)
@@ -338,4 +331,4 @@ class StepSession:
         self.snapshot.restore()
         return True
 
-__all__ = ["SessionPolicies", "StepSession"]
+__all__ = ["StepSession"]

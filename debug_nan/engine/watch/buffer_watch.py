@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from debug_nan.engine.watch.watch_result import Check, Segment
+from debug_nan.engine.vocabulary import CheckKind
 
 
 def _floating(t) -> bool:
@@ -45,7 +46,7 @@ class BufferWatch:
     def record(self) -> list[tuple[str, list[str], list[torch.Tensor]]]:
         """[(kind, names, 0-d norms)] to add to this sync: the buffers now and, at the first sync, at the start."""
         names, norms = self._norms()
-        parts = [("buffer", names, norms)] if names else []
+        parts = [(CheckKind.BUFFER, names, norms)] if names else []
         if self._previous is None and self._start[0]:
             parts.append(("buffer_start", *self._start))
         return parts
@@ -58,7 +59,7 @@ class BufferWatch:
             segments.remove(start)
             self._previous = dict(zip(start.names, start.nonfinite.tolist()))
         previous = self._previous or {}
-        now = next((s for s in segments if s.kind == "buffer"), None)
+        now = next((s for s in segments if s.kind == CheckKind.BUFFER), None)
         if now is None:
             return []
         hits = [int(i) for i in np.flatnonzero(now.nonfinite) if not previous.get(now.names[int(i)], False)]

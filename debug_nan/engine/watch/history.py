@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from debug_nan.engine.watch.watch_result import MicroResult, larger
+from debug_nan.engine.vocabulary import CheckKind
 
 MAX_NOTES = 10  # outputs that never reached harm, listed one per line in the summary
 MAX_RUNS = 16  # step ranges kept per non-finite series; later steps are only counted (memory stays bounded)
@@ -153,7 +154,7 @@ class History:
 
     def add_micro(self, rec: StepRecord, result: MicroResult, last: bool) -> None:
         rec.micro_batches += 1
-        outputs = result.values("forward")
+        outputs = result.values(CheckKind.FORWARD)
         if not rec.activations:
             rec.activations = outputs
         else:
@@ -162,11 +163,11 @@ class History:
         loss = result.loss()
         if loss is not None:
             rec.loss = loss if rec.loss is None else rec.loss + loss
-        for name, value in result.values("loss_part").items():
+        for name, value in result.values(CheckKind.LOSS_PART).items():
             rec.parts[name] = rec.parts.get(name, 0.0) + value
         # a series goes on from the step checked before: the last step for a batch key, the last step whose
         # outputs were measured for a module output
-        for where, kind, previous in (("batch key", "data", rec.step - 1), ("output", "forward", self.measured.previous)):
+        for where, kind, previous in (("batch key", CheckKind.DATA, rec.step - 1), ("output", CheckKind.FORWARD, self.measured.previous)):
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
                 series.add(rec.step, check.nonfinite, previous)
@@ -182,8 +183,8 @@ class History:
     @staticmethod
     def step_gradients(rec: StepRecord, result: MicroResult | None) -> None:
         """The step's gradient norms: those read after its last micro-batch (accumulated over the step)."""
-        seg = result.segment("grad") if result is not None else None
-        rec.grad_norms = result.values("grad") if seg is not None else {}
+        seg = result.segment(CheckKind.GRAD) if result is not None else None
+        rec.grad_norms = result.values(CheckKind.GRAD) if seg is not None else {}
         if seg is not None and len(seg.value):
             rec.grad_norm = float(np.sqrt(np.dot(seg.value, seg.value)))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.vocabulary import PHASE_OF_KIND
+from debug_nan.engine.vocabulary import CheckKind, PHASE_OF_KIND
 from debug_nan.engine.watch.watch_result import HARM_KINDS, MicroResult
 
 _LATEST_FIRST = ("backward", "exception", "loss", "forward", "data", "optimizer", "abort")
@@ -17,7 +17,7 @@ CODE_PHASE = {code: phase for code, phase in enumerate(_LATEST_FIRST, start=1)}
 _CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
 PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
 ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
-NORM_KINDS = ("param", "grad")  # finiteness read from a norm or a sum (which may overflow: the watch's second look)
+NORM_KINDS = (CheckKind.PARAM, CheckKind.GRAD)  # finiteness read from a norm or a sum (which may overflow: the watch's second look)
 
 
 def host_code(result: MicroResult, raised: bool = False, abort: bool = False) -> int:
@@ -41,9 +41,9 @@ def device_code(flat: torch.Tensor, layout, raised: bool, abort: bool) -> torch.
         if kind in HARM_KINDS:
             harm = torch.maximum(harm, bad[part].any() * float(PHASE_CODE[kind]))
         if kind in NORM_KINDS:  # as the second look: +Inf norms, any non-finite parameter sum
-            ambiguous = ambiguous + (torch.isposinf(flat[part]) if kind == "grad" else bad[part]).any()
-        if kind == "data":
-            data = bad[part].any() * float(PHASE_CODE["data"])
+            ambiguous = ambiguous + (torch.isposinf(flat[part]) if kind == CheckKind.GRAD else bad[part]).any()
+        if kind == CheckKind.DATA:
+            data = bad[part].any() * float(PHASE_CODE[CheckKind.DATA])
     if layout:
         code = torch.maximum(harm, data * (harm > 0)) + 0.5 * (ambiguous > 0)
     if abort or raised:

@@ -31,6 +31,7 @@ from debug_nan.engine.watch.norms import l2_norms, param_and_state_tensors, stac
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.watch.phase_codes import NORM_KINDS as _NORM_KINDS, device_code, host_code
 from debug_nan.engine.watch.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
+from debug_nan.engine.vocabulary import CheckKind
 
 __all__ = ["HARM_KINDS", "Check", "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
 
@@ -150,7 +151,7 @@ class Watch:
         self._minmax: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._last_output = _dead_ref
         self._data: list[tuple[str, tuple[torch.Tensor, torch.Tensor]]] = []
-        self._scalars: dict[str, list[tuple[str, torch.Tensor]]] = {"loss": [], "loss_part": []}
+        self._scalars: dict[str, list[tuple[str, torch.Tensor]]] = {CheckKind.LOSS: [], CheckKind.LOSS_PART: []}
         # kind -> chunks of (names, 0-d L2 norms, the tensors themselves for a second look)
         self._norms: dict[str, list[_NormChunk]] = {kind: [] for kind in _NORM_KINDS}
         self._layer_stats: dict[str, object] = {}
@@ -181,9 +182,9 @@ class Watch:
                 self._data.append((path, torch.aminmax(t.detach())))
 
     def watch_loss(self, loss: torch.Tensor, parts: dict[str, torch.Tensor] | None = None) -> None:
-        self._scalars["loss"].append(("", loss.detach().reshape(())))
+        self._scalars[CheckKind.LOSS].append(("", loss.detach().reshape(())))
         for name, value in (parts or {}).items():
-            self._scalars["loss_part"].append((name, value.detach().reshape(())))
+            self._scalars[CheckKind.LOSS_PART].append((name, value.detach().reshape(())))
 
     def watch_grads(self, inverse_scale: torch.Tensor | None = None) -> list[torch.Tensor] | None:
         """The L2 norm of every gradient, one fused pass: recorded, and returned so that clipping reuses them.
@@ -197,7 +198,7 @@ class Watch:
             norms = l2_norms(grads, self.exact_grad_norms)
             if inverse_scale is not None:
                 norms = list(torch._foreach_mul(norms, inverse_scale.to(norms[0].device, torch.float32)))
-        self._norms["grad"].append(([n for n, _ in named], norms, grads))
+        self._norms[CheckKind.GRAD].append(([n for n, _ in named], norms, grads))
         return norms
 
     def watch_params(self) -> None:
@@ -205,7 +206,7 @@ class Watch:
         is (norms.state_sums; read at the next sync)."""
         names, tensors = self._param_and_state()
         if tensors:
-            self._norms["param"].append((names, self._state_values(tensors), tensors))
+            self._norms[CheckKind.PARAM].append((names, self._state_values(tensors), tensors))
 
     def read_state(self) -> tuple[list[str], np.ndarray]:
         """The parameter check's values, read now (a host sync): what a sync after watch_params() reads, for
@@ -270,7 +271,7 @@ class Watch:
         """[(kind, names, width, tensors for a second look)] in KIND_ORDER, and the device float64 parts."""
         layout, parts = [], []
         for kind in KIND_ORDER:
-            if kind == "buffer":  # the BufferWatch's, below
+            if kind == CheckKind.BUFFER:  # the BufferWatch's, below
                 continue
             if kind in _NORM_KINDS:
                 chunks = self._norms[kind]
@@ -284,7 +285,7 @@ class Watch:
                     layout.append((kind, [n for n, _ in entries], 1, []))
                     parts.append(stack64([v for _, v in entries], device))
             else:
-                if kind == "forward":
+                if kind == CheckKind.FORWARD:
                     names, pairs = [self.module_names[m] for m in self._modules], self._minmax
                 else:
                     names, pairs = [n for n, _ in self._data], [p for _, p in self._data]
@@ -321,7 +322,7 @@ class Watch:
         for (kind, _, _, tensors), seg in zip(layout, segments):
             if kind in _NORM_KINDS:
                 # a norm overflows to +Inf only; a sum (parameters, norms.state_sums) to either, or to NaN
-                ambiguous = np.isposinf(seg.value) if kind == "grad" else ~np.isfinite(seg.value)
+                ambiguous = np.isposinf(seg.value) if kind == CheckKind.GRAD else ~np.isfinite(seg.value)
                 todo += [(seg, int(i), tensors[i]) for i in np.flatnonzero(ambiguous)]
         if not todo:
             return
@@ -330,5 +331,5 @@ class Watch:
                                  for _, _, t in todo]).tolist()
         for (seg, i, _), peak in zip(todo, peaks):
             seg.nonfinite[i] = not np.isfinite(peak)
-            if seg.kind == "param" and np.isinf(peak):  # +Inf and -Inf elements summed to NaN: no NaN among them
+            if seg.kind == CheckKind.PARAM and np.isinf(peak):  # +Inf and -Inf elements summed to NaN: no NaN among them
                 seg.value[i] = peak

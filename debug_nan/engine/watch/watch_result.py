@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from debug_nan.engine.vocabulary import CheckKind
+
 # execution order within a micro-batch: the parameter check of the previous update is read first; buffers (written
 # by the forward: running statistics, EMA codebooks) are read last
-KIND_ORDER = ("param", "data", "forward", "loss", "loss_part", "grad", "buffer")
+KIND_ORDER = (CheckKind.PARAM, CheckKind.DATA, CheckKind.FORWARD, CheckKind.LOSS, CheckKind.LOSS_PART, CheckKind.GRAD,
+              CheckKind.BUFFER)
 # a non-finite value of these kinds is harm, and trips the micro-batch
-HARM_KINDS = frozenset({"param", "loss", "loss_part", "grad"})
+HARM_KINDS = frozenset({CheckKind.PARAM, CheckKind.LOSS, CheckKind.LOSS_PART, CheckKind.GRAD})
 
 
 def larger(a: float | None, b: float) -> float:
@@ -27,10 +30,17 @@ def larger(a: float | None, b: float) -> float:
 
 @dataclass
 class Check:
-    kind: str  # "param" | "data" | "forward" | "loss" | "loss_part" | "grad" | "buffer" (see Segment.value)
+    kind: CheckKind  # (see Segment.value)
     name: str  # parameter name ("w (optimizer exp_avg)" for a state), batch key, module path, loss part
     value: float
     nonfinite: str = ""  # "" when finite, else what it held: "nan", "inf" (sign unknown), "+inf", "-inf", "+inf -inf"
+
+    def __post_init__(self):
+        self.kind = CheckKind(self.kind)  # a check read back from a bundle or built from a word: an unknown one fails
+
+    def to_dict(self) -> dict:
+        """Plain data (a repro bundle's `check`): the kind as its word."""
+        return {"kind": self.kind.value, "name": self.name, "value": self.value, "nonfinite": self.nonfinite}
 
 
 @dataclass
@@ -43,7 +53,7 @@ class Segment:
     sum that overflowed while every element was finite is cleared by a second look at max |x|, so `nonfinite` is
     exact. lo/hi: min and max (data, forward only), which tell -Inf from +Inf."""
 
-    kind: str
+    kind: CheckKind
     names: list[str]
     value: np.ndarray
     nonfinite: np.ndarray  # bool
@@ -63,7 +73,7 @@ class Segment:
         v = self.value[i]
         if math.isnan(v):
             return "nan"
-        if self.kind in ("loss", "loss_part"):
+        if self.kind in (CheckKind.LOSS, CheckKind.LOSS_PART):
             return "+inf" if v > 0 else "-inf"
         return "inf"
 
@@ -105,9 +115,9 @@ class MicroResult:
         itself held NaN/Inf, its earliest such key stands for the harm: the batch is the earliest possible origin
         and the replay has no operation to name for it. Non-finite module outputs alone never trip."""
         harm = self.harm()
-        if harm is None or harm.kind == "param":
+        if harm is None or harm.kind == CheckKind.PARAM:
             return harm
-        data = self.segment("data")
+        data = self.segment(CheckKind.DATA)
         return (data.first_nonfinite() if data is not None else None) or harm
 
     def nonfinite(self, kind: str) -> list[Check]:
@@ -133,5 +143,5 @@ class MicroResult:
         return [seg.check(i) for seg in self.segments for i in range(len(seg.names))]
 
     def loss(self) -> float | None:
-        seg = self.segment("loss")
+        seg = self.segment(CheckKind.LOSS)
         return float(seg.value[0]) if seg is not None and len(seg.names) else None
