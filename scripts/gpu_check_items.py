@@ -157,7 +157,7 @@ def oom_sizes(free_bytes: int, token_limit: int = 1024) -> tuple[int, int, int]:
     """(token limit, batch size, bound) of a run that passes the activation check (its bound, the attention
     probabilities, about 0.7 of the free memory) but cannot fit: without dropout the bound counts them once,
     while the run also holds every layer's other activations (about twice the bound on the guarded model)."""
-    from debug_nan.app.job import attention_probability_bytes
+    from debug_nan.aam.sizes import attention_probability_bytes
     from debug_nan.settings import build_settings
 
     for batch in range(2, 4096, 2):
