@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from bench_models import build_lm_task  # noqa: E402
+
 from debug_nan.engine.watch.buffer_watch import BufferWatch  # noqa: E402
 
 

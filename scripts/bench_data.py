@@ -32,10 +32,10 @@ from debug_nan.aam.data.synthetic import synthesize  # noqa: E402
 from debug_nan.aam.data.tokens import tokenize  # noqa: E402
 from debug_nan.aam.data.unifrac import unifrac_matrix, unifrac_skbio  # noqa: E402
 from debug_nan.aam.model.aam import AAMConfig, AAMModel  # noqa: E402
-from debug_nan.presentation.log import Log  # noqa: E402
-from debug_nan.settings import build_settings  # noqa: E402
 from debug_nan.aam.task import aam_loss  # noqa: E402
 from debug_nan.drivers.trainer.loop import resolve_device  # noqa: E402
+from debug_nan.presentation.log import Log  # noqa: E402
+from debug_nan.settings import build_settings  # noqa: E402
 
 
 def timed(fn, repeats: int = 3) -> float:

@@ -37,11 +37,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_models import PRESETS, build_lm_task  # noqa: E402
+
+from debug_nan.drivers.trainer.loop import Trainer  # noqa: E402
+from debug_nan.engine.session.distributed import DistContext  # noqa: E402
 from debug_nan.engine.stats import move_to  # noqa: E402
 from debug_nan.presentation.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
-from debug_nan.engine.session.distributed import DistContext  # noqa: E402
-from debug_nan.drivers.trainer.loop import Trainer  # noqa: E402
 
 MODES = ("plain_ddp", "watch", "watch_at_end")
 

@@ -48,12 +48,12 @@ def build(size: str, steps: int):
     import tempfile
 
     import torch
-
     from bench_models import LMShape, TinyGPT, lm_loss
-    from debug_nan.presentation.log import Log
-    from debug_nan.settings import build_settings
+
     from debug_nan.aam.task import build_aam_task
     from debug_nan.drivers.task import Task, split_loss
+    from debug_nan.presentation.log import Log
+    from debug_nan.settings import build_settings
 
     torch.manual_seed(0)
     if size in AAM_SIZES:
@@ -80,9 +80,9 @@ def child(size: str, mode: str, device_spec: str, steps: int) -> dict:
     sys.path[:0] = [str(REPO), str(REPO / "scripts")]
     import torch
 
+    from debug_nan.drivers.trainer.loop import Trainer
     from debug_nan.engine.stats import move_to
     from debug_nan.settings import build_settings
-    from debug_nan.drivers.trainer.loop import Trainer
 
     baseline = rss_mb()
     device = torch.device("cuda" if device_spec == "auto" and torch.cuda.is_available() else

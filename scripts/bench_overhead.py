@@ -55,14 +55,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_models import PRESETS, build_lm_task  # noqa: E402
+
 import debug_nan  # noqa: E402
+from debug_nan.aam.task import build_aam_task  # noqa: E402
+from debug_nan.drivers.trainer.loop import Trainer, resolve_device  # noqa: E402
+from debug_nan.engine.session.output_schedule import WARM_STEPS, OutputSchedule  # noqa: E402
 from debug_nan.engine.stats import flat_tensors, move_to  # noqa: E402
 from debug_nan.engine.trace.tracer import Tracer  # noqa: E402
 from debug_nan.presentation.log import Log  # noqa: E402
 from debug_nan.settings import build_settings  # noqa: E402
-from debug_nan.aam.task import build_aam_task  # noqa: E402
-from debug_nan.drivers.trainer.loop import Trainer, resolve_device  # noqa: E402
-from debug_nan.engine.session.output_schedule import WARM_STEPS, OutputSchedule  # noqa: E402
 
 MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
 DEFAULT_MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "detect_anomaly", "naive_hooks",

@@ -216,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     started = time.monotonic()
     import torch
-
     from gpu_check_items import ALONE, IN_PROCESS, POOLED
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

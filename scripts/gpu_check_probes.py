@@ -54,13 +54,14 @@ def watch_syncs(check, item) -> None:
     Counted twice: by the unit tests' dispatch counter (item(), bool(), .cpu(), .tolist()) and, on CUDA, by
     set_sync_debug_mode("warn") (which also sees pageable copies and stream waits), each listed by where."""
     from bench_overhead import plain_step
+
     from debug_nan import Monitor
+    from debug_nan.drivers.task import Task
+    from debug_nan.drivers.trainer.loop import Trainer
     from debug_nan.engine.stats import move_to
     from debug_nan.engine.watch.watch import Watch
     from debug_nan.presentation.log import Log
     from debug_nan.settings import build_settings
-    from debug_nan.drivers.trainer.loop import Trainer
-    from debug_nan.drivers.task import Task
     from tests.checks.test_watch_syncs import HostSyncs, batches, model_without_syncs, mse
 
     device = torch.device(check.device)

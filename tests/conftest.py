@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from debug_nan.app.cli import main
 from debug_nan.aam.data.synthetic import synthesize
+from debug_nan.app.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.toml")

@@ -344,8 +344,8 @@ def test_bad_data(case: Case, run_cli, tiny_data, tmp_path):
     (True, "No --table given and ./data (the default --data-dir) has no *.biom table: synthesized 4 samples"),
 ])
 def test_synthetic_data_only_when_no_data_was_asked_for(tmp_path, monkeypatch, make_data_folder, reason):
-    from debug_nan.settings import RunSettings
     from debug_nan.aam.task import load_or_synthesize
+    from debug_nan.settings import RunSettings
 
     monkeypatch.chdir(tmp_path)
     if make_data_folder:

@@ -4,9 +4,8 @@ import json
 
 from click.testing import CliRunner
 
-from debug_nan.app.cli import main
 from debug_nan.aam.data.writing import write_biom, write_tree
-
+from debug_nan.app.cli import main
 from tests.conftest import REPO, TINY, run_process
 
 

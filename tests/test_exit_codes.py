@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from debug_nan.app.cli import main
-from debug_nan.errors import InputError
 from debug_nan.app.job import run_job
+from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 from tests.conftest import SCENARIOS
 

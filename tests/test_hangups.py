@@ -207,8 +207,7 @@ def test_an_interrupt_at_any_time_leaves_the_report_and_no_traceback(tmp_path, s
 def test_under_torchrun_a_hang_up_stops_like_sigterm_with_129(monkeypatch):
     """torchrun forwards SIGHUP to its workers and kills them after a grace period: a worker stops at once, with
     the partial report (the loop's KeyboardInterrupt path), exit 129."""
-    from debug_nan.process import interrupts
-    from debug_nan.process import streams
+    from debug_nan.process import interrupts, streams
 
     monkeypatch.setattr(streams, "_terminal_fds", set())
     monkeypatch.setattr(streams, "_hangups", [])

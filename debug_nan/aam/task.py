@@ -20,12 +20,12 @@ from debug_nan.aam.data.loading import Dataset, find_data_files, load_dataset
 from debug_nan.aam.data.synthetic import synthesize
 from debug_nan.aam.data.tokens import PAD, VOCAB_SIZE
 from debug_nan.aam.data.unifrac import compute_unifrac
-from debug_nan.errors import InputError
 from debug_nan.aam.model.aam import AAMConfig, AAMModel
-from debug_nan.settings import RunSettings
-from debug_nan.engine.session import distributed
 from debug_nan.drivers.recipe import linear_warmup
 from debug_nan.drivers.task import Task
+from debug_nan.engine.session import distributed
+from debug_nan.errors import InputError
+from debug_nan.settings import RunSettings
 
 AAM_WARMUP_STEPS = 2
 AAM_MAX_GRAD_NORM = 1.0

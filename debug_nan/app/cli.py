@@ -18,16 +18,22 @@ import sys
 import click
 
 import debug_nan
+from debug_nan.app import run_paths as paths
 from debug_nan.app.cli_help import format_grouped_options
 from debug_nan.app.cli_options import DEFAULTS, run_options
 from debug_nan.errors import InputError
-from debug_nan.app import run_paths as paths
-from debug_nan.process import interrupts
-from debug_nan.process import streams
 from debug_nan.presentation.log import error_line
-from debug_nan.presentation.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
-                                        job_outputs, write_text_atomic)
+from debug_nan.presentation.outputs import (
+    OutputWriteError,
+    check_output_paths,
+    check_writable,
+    job_inputs,
+    job_outputs,
+    write_text_atomic,
+)
+from debug_nan.process import interrupts, streams
 from debug_nan.settings import build_settings, load_config
+
 
 def fail(message: str, report: str | None = None, inputs: dict[str, str] | None = None,
          outputs: dict[str, str] | None = None) -> None:

@@ -16,28 +16,27 @@ from pathlib import Path
 import torch
 
 import debug_nan
+from debug_nan.aam.sizes import check_activation_memory, oom_advice
+from debug_nan.aam.task import build_aam_task
+from debug_nan.drivers.task import load_task
+from debug_nan.drivers.trainer.device import resolve_device
+from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.replay.driver import is_out_of_memory
+from debug_nan.engine.session import distributed
+from debug_nan.engine.session.outcome import RunResult
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import write_bundle
 from debug_nan.presentation.history_plot import check_plot_available, plot_history
 from debug_nan.presentation.history_table import history_lines
 from debug_nan.presentation.line_width import LINE_WIDTH, log_width
 from debug_nan.presentation.log import Log
-from debug_nan.process import streams
+from debug_nan.presentation.outputs import OutputWriteError, check_output_paths, check_writable, job_inputs, job_outputs
 from debug_nan.presentation.step_line import StepLines
-from debug_nan.process.interrupts import interrupt_code, interrupt_name
-from debug_nan.presentation.outputs import (OutputWriteError, check_output_paths, check_writable, job_inputs,
-                                        job_outputs)
 from debug_nan.presentation.summary import exit_code, finding_lines, report_dict, write_report, write_summary
 from debug_nan.presentation.tensorboard import check_tensorboard, finding_markdown, write_tensorboard
+from debug_nan.process import streams
+from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import RunSettings
-from debug_nan.engine.session import distributed
-from debug_nan.aam.sizes import check_activation_memory, oom_advice
-from debug_nan.aam.task import build_aam_task
-from debug_nan.drivers.trainer.device import resolve_device
-from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.engine.session.outcome import RunResult
-from debug_nan.drivers.task import load_task
 
 
 def header(log: Log, s: RunSettings, device: torch.device) -> None:

@@ -12,23 +12,23 @@ import re
 import time
 
 import debug_nan
-from debug_nan.engine.replay.trip import Trip
-from debug_nan.engine.replay.driver import StepInputs, TaskFailure
+from debug_nan.aam.task import build_aam_model_task
+from debug_nan.drivers.task import load_task
+from debug_nan.drivers.trainer.device import resolve_device
+from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.replay.driver import StepInputs, TaskFailure
+from debug_nan.engine.replay.trip import Trip
+from debug_nan.engine.session.outcome import RunResult
 from debug_nan.engine.watch.watch import Check
 from debug_nan.errors import InputError, describe_exception
-from debug_nan.process import streams
 from debug_nan.presentation.bundle import read_bundle, same_origin, task_file_state
-from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError, check_output_paths, check_writable, task_file
 from debug_nan.presentation.summary import exit_code, report_dict, write_report, write_summary
+from debug_nan.process import streams
+from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import FIELD_TYPES, RunSettings
-from debug_nan.aam.task import build_aam_model_task
-from debug_nan.drivers.trainer.device import resolve_device
-from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.engine.session.outcome import RunResult
-from debug_nan.drivers.task import load_task
 
 
 def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:

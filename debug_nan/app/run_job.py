@@ -18,19 +18,19 @@ from dataclasses import dataclass
 
 import torch
 
-from debug_nan.errors import InputError, describe_exception
-from debug_nan.frames import frame_kind, short_path
-from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
+from debug_nan.drivers.framework_outputs import Outputs, run_settings
+from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
-from debug_nan.drivers.run.driver import RunDriver
-from debug_nan.process import interrupts
+from debug_nan.engine.session.unreplayed import InterruptedPinpoint
+from debug_nan.errors import InputError, describe_exception
+from debug_nan.frames import frame_kind, short_path
 from debug_nan.presentation.log import Log, error_line
 from debug_nan.presentation.summary import exit_code
+from debug_nan.process import interrupts
 from debug_nan.settings import RunSettings
-from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "

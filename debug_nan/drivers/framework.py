@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.replay.driver import TaskFailure
+from debug_nan.drivers.task import split_loss
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.presentation.bundle import write_bundle
-from debug_nan.settings import RunSettings
+from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.session.agreement import RankAgreement, RunAborted
 from debug_nan.engine.session.distributed import average_gradients
 from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.session import StepSession
-from debug_nan.drivers.task import split_loss
+from debug_nan.presentation.bundle import write_bundle
+from debug_nan.settings import RunSettings
 
 
 class FrameworkDriver:

@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+from debug_nan.engine.session.outcome import RunResult
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError, check_writable
 from debug_nan.presentation.summary import report_dict, write_report, write_summary
 from debug_nan.settings import RunSettings
-from debug_nan.engine.session.outcome import RunResult
 
 ON_TRIP = ("stop", "raise")
 

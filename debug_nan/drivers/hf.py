@@ -30,13 +30,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("debug_nan.integrations.hf needs transformers and accelerate: pip install "
                       "'debug-nan[hf]'") from exc
 
-from debug_nan.drivers.monitor import NonFiniteError
-from debug_nan.errors import InputError
 from debug_nan.drivers import ddp
-from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.drivers.framework import FrameworkDriver
-from debug_nan.engine.session.precision import scaled_step
+from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
+from debug_nan.drivers.monitor import NonFiniteError
 from debug_nan.drivers.task import split_loss
+from debug_nan.engine.session.precision import scaled_step
+from debug_nan.errors import InputError
 
 
 class HFDriver(FrameworkDriver):

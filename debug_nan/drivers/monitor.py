@@ -33,14 +33,14 @@ from contextlib import contextmanager
 
 import torch
 
-from debug_nan.engine.replay.driver import TaskFailure
-from debug_nan.engine.explain.finding import Finding
-from debug_nan.presentation.summary import finding_lines
-from debug_nan.engine.session.precision import scaled_step
-from debug_nan.settings import RunSettings
-from debug_nan.engine.session.policies import SessionPolicies
-from debug_nan.engine.session.session import StepSession
 from debug_nan.drivers.task import split_loss
+from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.replay.driver import TaskFailure
+from debug_nan.engine.session.policies import SessionPolicies
+from debug_nan.engine.session.precision import scaled_step
+from debug_nan.engine.session.session import StepSession
+from debug_nan.presentation.summary import finding_lines
+from debug_nan.settings import RunSettings
 
 
 class NonFiniteError(RuntimeError):

@@ -63,8 +63,9 @@ class Cause(str, Enum):
 
 
 # the phase a watch check stands for, when no replay names a finer one
-PHASE_OF_KIND = {"param": Phase.OPTIMIZER.value, "data": Phase.DATA.value, "forward": Phase.FORWARD.value,
-                 "loss": Phase.LOSS.value, "loss_part": Phase.LOSS.value, "grad": Phase.BACKWARD.value}
+PHASE_OF_KIND = {CheckKind.PARAM: Phase.OPTIMIZER.value, CheckKind.DATA: Phase.DATA.value,
+                 CheckKind.FORWARD: Phase.FORWARD.value, CheckKind.LOSS: Phase.LOSS.value,
+                 CheckKind.LOSS_PART: Phase.LOSS.value, CheckKind.GRAD: Phase.BACKWARD.value}  # (a buffer: no harm)
 
 DIALECTS = ("cli", "api", "lightning", "hf", "script")
 # a CLI flag -> what a user of each other entry point sets instead

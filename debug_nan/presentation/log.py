@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from debug_nan.errors import InputError
-from debug_nan.process import streams
 from debug_nan.presentation.line_width import fit, log_width
+from debug_nan.process import streams
 
 COLOURS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 

@@ -10,10 +10,10 @@ import torch
 
 import debug_nan
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.watch.quiet import quiet_warnings
 from debug_nan.engine.stats import TensorStats
-from debug_nan.presentation.outputs import write_text_atomic
 from debug_nan.engine.vocabulary import Cause, Phase
+from debug_nan.engine.watch.quiet import quiet_warnings
+from debug_nan.presentation.outputs import write_text_atomic
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from debug_nan.engine.replay.snapshot import NO_OPTIMIZER_COPY, NO_SNAPSHOT, SNAPSHOT_MODES, Snapshot
-from tests.checks.test_snapshot import Net, assert_same, same, state_of, train_one_step
 from tests.checks.test_scenarios import task
+from tests.checks.test_snapshot import Net, assert_same, same, state_of, train_one_step
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

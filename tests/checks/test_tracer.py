@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from debug_nan.aam.model.attention import SelfAttention
 from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.trace.tracer import TAG, StopReplay, Tracer
 from debug_nan.errors import describe_exception
 from debug_nan.frames import PACKAGE_DIR, TORCH_DIR, frame_kind, short_path
-from debug_nan.aam.model.attention import SelfAttention
 
 
 def _graph_tags(root) -> dict[str, set]:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, EXCEPTION_CODE, PHASE_CODE, host_code
 from debug_nan.engine.vocabulary import PHASE_OF_KIND
+from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, EXCEPTION_CODE, PHASE_CODE, host_code
 from debug_nan.engine.watch.watch import Watch, l2_norms
 
 

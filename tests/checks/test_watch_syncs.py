@@ -14,11 +14,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import debug_nan
+from debug_nan.drivers.task import Task
+from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.watch.watch import Watch
 from debug_nan.presentation.log import Log
 from debug_nan.settings import build_settings
-from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.drivers.task import Task
 
 
 class HostSyncs(TorchDispatchMode):

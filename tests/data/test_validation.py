@@ -14,8 +14,14 @@ import skbio
 from debug_nan.aam.data.loading import drop_empty, find_data_files
 from debug_nan.aam.data.progress import Phase, human_bytes
 from debug_nan.aam.data.readers import check_input_file, load_biom, load_tree, read_fasta
-from debug_nan.aam.data.validation import (check_counts, check_sequences, check_tree, check_tree_length,
-                                       check_unique_ids, some)
+from debug_nan.aam.data.validation import (
+    check_counts,
+    check_sequences,
+    check_tree,
+    check_tree_length,
+    check_unique_ids,
+    some,
+)
 from debug_nan.errors import InputError
 
 SAMPLES = ["S1", "S2", "S3"]

@@ -23,8 +23,8 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 import torch
+from click.testing import CliRunner
 
 pl = pytest.importorskip("lightning.pytorch")
 transformers = pytest.importorskip("transformers")

@@ -15,11 +15,10 @@ import argparse
 import os
 import sys
 
+import models
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-
-import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])

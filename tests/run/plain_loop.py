@@ -7,9 +7,8 @@ import argparse
 import os
 import sys
 
-import torch
-
 import models
+import torch
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "unlabelled", "lr"])

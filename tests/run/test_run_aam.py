@@ -9,7 +9,6 @@ not on PyPI, so CI cannot fetch it: the test runs where DEBUG_NAN_AAM_DIR points
 (its `aam/models` and `aam/training` suffice), and skips with that reason elsewhere."""
 
 import os
-
 from pathlib import Path
 
 import pytest

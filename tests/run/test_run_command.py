@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from debug_nan.errors import InputError
 from debug_nan.app.command import exit_code, resolve
+from debug_nan.errors import InputError
 
 HERE = Path(__file__).resolve().parent
 

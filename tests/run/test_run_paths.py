@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from debug_nan.errors import InputError
 from debug_nan.app import run_paths as paths
+from debug_nan.errors import InputError
 from tests.run.side_by_side import TRAIN, plain, watched
 
 pytestmark = pytest.mark.e2e

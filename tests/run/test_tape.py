@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.drivers.run.tape import Recorder, Tape, call_arguments
+from debug_nan.engine.replay.driver import NotReplayable
 
 
 @pytest.fixture

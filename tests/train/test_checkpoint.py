@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from debug_nan.errors import InputError
 from debug_nan.drivers.trainer.checkpoint import load_model_state, split_checkpoint
+from debug_nan.errors import InputError
 from tests.tasks import resume_task
 
 TASK = Path(resume_task.__file__)

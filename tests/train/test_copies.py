@@ -13,8 +13,8 @@ import torch
 
 import debug_nan
 from debug_nan.engine.replay.driver import StepInputs
-from debug_nan.engine.watch.watch_result import MicroResult, Segment
 from debug_nan.engine.session.copies import MAX_SNAPSHOT_EVERY, StateCopies
+from debug_nan.engine.watch.watch_result import MicroResult, Segment
 from tests import state_bugs
 from tests.checks.test_state_bugs import task
 from tests.integrations import parity

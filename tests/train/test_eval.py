@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from debug_nan.settings import RunSettings
+from debug_nan.drivers.task import load_task
 from debug_nan.drivers.trainer.evaluate import harmed_values
 from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.drivers.task import load_task
+from debug_nan.settings import RunSettings
 from tests.conftest import TINY
 from tests.tasks import eval_task
 

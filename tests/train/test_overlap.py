@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from debug_nan.engine.session.distributed import DistContext
 from debug_nan.drivers.trainer.overlap import OverlappedAllReduce, plan_buckets
+from debug_nan.engine.session.distributed import DistContext
 from tests.scenarios import FailingBackward
 
 

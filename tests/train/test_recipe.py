@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch import nn
 
+from debug_nan.drivers.recipe import build_recipe, enter_training_mode
+from debug_nan.drivers.task import Task, eager_module
+from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.replay.driver import StepDriver
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
 from debug_nan.settings import RunSettings
-from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.drivers.recipe import build_recipe, enter_training_mode
-from debug_nan.drivers.task import Task, eager_module
 
 
 def task(**kw) -> Task:

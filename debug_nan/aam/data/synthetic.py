@@ -12,10 +12,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from debug_nan.aam.data.loading import Dataset
-from debug_nan.process.memory import available_bytes
 from debug_nan.aam.data.progress import Phase, human_bytes
 from debug_nan.aam.data.tokens import MAX_BASES, tokenize
 from debug_nan.errors import InputError
+from debug_nan.process.memory import available_bytes
 
 LETTERS = np.frombuffer(b"ACGT", dtype=np.uint8)  # base code 0..3 -> ASCII byte
 # Peak memory of synthesize(), measured with /usr/bin/time on CPython 3.11 / skbio 0.7 (48 and 480 samples, token

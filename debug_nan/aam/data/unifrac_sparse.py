@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from debug_nan.process.memory import available_bytes, size_text
 from debug_nan.errors import InputError
+from debug_nan.process.memory import available_bytes, size_text
 
 # Cost of one (pair, node) term, in relative units measured on a 2-core CPU: a dense column in a BLAS product,
 # a dense column in a vectorised L1 distance, one sharing pair in a sparse product / enumeration.

@@ -23,17 +23,17 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
-from debug_nan.engine.replay.driver import NotReplayable, TaskFailure
-from debug_nan.engine.watch.history import History
-from debug_nan.engine.replay.snapshot import schedule_state
-from debug_nan.engine.watch.watch_result import Check
-from debug_nan.frames import replayed_at
 from debug_nan.drivers.framework import FrameworkDriver
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
+from debug_nan.engine.replay.driver import NotReplayable, TaskFailure
+from debug_nan.engine.replay.snapshot import schedule_state
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.session import StepSession
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.history import History
+from debug_nan.engine.watch.watch_result import Check
+from debug_nan.frames import replayed_at
 
 
 class RunHistory(History):

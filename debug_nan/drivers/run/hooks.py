@@ -28,13 +28,13 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
-from debug_nan.errors import InputError
-from debug_nan.frames import user_location
 from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Recorder, Tape, batch_form
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
+from debug_nan.errors import InputError
+from debug_nan.frames import user_location
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
 

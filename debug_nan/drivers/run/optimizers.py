@@ -3,9 +3,9 @@ followed when a newer one replaces it (a second training stage), refused when tw
 
 from __future__ import annotations
 
-from debug_nan.errors import InputError
 from debug_nan.drivers.run.model_calls import optimizer_params
 from debug_nan.drivers.run.stops import RunStopped
+from debug_nan.errors import InputError
 
 
 class WatchedOptimizer:

@@ -18,9 +18,9 @@ import time
 
 import torch.distributed as dist
 
-from debug_nan.errors import InputError
 from debug_nan.drivers import ddp
 from debug_nan.engine.session.distributed import DistContext, detect
+from debug_nan.errors import InputError
 
 STORE_PREFIX = "debug-nan-run"
 WAIT_S = 600.0  # a rank that does not answer within this long has failed or hung: the others stop

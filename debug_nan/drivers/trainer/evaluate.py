@@ -23,13 +23,13 @@ from itertools import islice
 
 import torch
 
-from debug_nan.engine.replay.driver import is_out_of_memory
 from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.replay.driver import is_out_of_memory
 from debug_nan.engine.replay.snapshot import capture_rng
 from debug_nan.engine.stats import capture_batch, flat_tensors, move_to
+from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.watch import Check
 from debug_nan.errors import InputError
-from debug_nan.engine.vocabulary import CheckKind
 
 
 def harmed_values(out) -> list[tuple[str, torch.Tensor]]:

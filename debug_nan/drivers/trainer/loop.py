@@ -21,25 +21,25 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
-from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
+from debug_nan.drivers.recipe import build_recipe, enter_training_mode
+from debug_nan.drivers.task import Task, eager_module, micro_batches, split_loss
+from debug_nan.drivers.trainer.checkpoint import resume, skip_batches
+from debug_nan.drivers.trainer.device import resolve_device
+from debug_nan.drivers.trainer.evaluate import EvalPass
+from debug_nan.drivers.trainer.overlap import OverlappedAllReduce
 from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
+from debug_nan.engine.session.agreement import RankAgreement, RunAborted
+from debug_nan.engine.session.distributed import DistContext, agree_on_setup, average_gradients, wrap_ddp
+from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
+from debug_nan.engine.session.policies import SessionPolicies
+from debug_nan.engine.session.precision import Precision, scaled_step
+from debug_nan.engine.session.session import StepSession
+from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.stats import move_to
 from debug_nan.engine.watch.watch import Watch
 from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
-from debug_nan.engine.session.agreement import RankAgreement, RunAborted
-from debug_nan.drivers.trainer.checkpoint import resume, skip_batches
-from debug_nan.drivers.trainer.device import resolve_device
-from debug_nan.drivers.trainer.evaluate import EvalPass
-from debug_nan.engine.session.distributed import DistContext, agree_on_setup, average_gradients, wrap_ddp
-from debug_nan.drivers.trainer.overlap import OverlappedAllReduce
-from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
-from debug_nan.engine.session.precision import Precision, scaled_step
-from debug_nan.drivers.recipe import build_recipe, enter_training_mode
-from debug_nan.engine.session.policies import SessionPolicies
-from debug_nan.engine.session.session import StepSession
-from debug_nan.engine.session.unreplayed import InterruptedPinpoint
-from debug_nan.drivers.task import Task, eager_module, micro_batches, split_loss
 
 
 class Trainer:

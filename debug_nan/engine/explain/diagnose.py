@@ -10,17 +10,36 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.explain.causes.arithmetic import (division_rule, domain_rule, float64, inf_arithmetic_rule, infinite_rule,
-                                                log_rule)
-from debug_nan.engine.explain.causes.principles import nan_from_finite_rule
+from debug_nan.engine.explain.causes.arithmetic import (
+    division_rule,
+    domain_rule,
+    float64,
+    inf_arithmetic_rule,
+    infinite_rule,
+    log_rule,
+)
 from debug_nan.engine.explain.causes.backward import singular_rule
-from debug_nan.engine.explain.causes.masking import (SOFTMAX_OPS, attention_rule, deliberate_rule, fused_mask_rule,
-                                             is_attention, softmax_rule)
+from debug_nan.engine.explain.causes.masking import (
+    SOFTMAX_OPS,
+    attention_rule,
+    deliberate_rule,
+    fused_mask_rule,
+    is_attention,
+    softmax_rule,
+)
+from debug_nan.engine.explain.causes.principles import nan_from_finite_rule
 from debug_nan.engine.explain.causes.reductions import ctc_rule, zero_count_rule
-from debug_nan.engine.explain.causes.wording import (ALL_IGNORED_SUGGESTIONS, SUGGESTIONS, batch_layout, describe_rows,
-                                             is_builtin, ranges, suggestions_for)
-from debug_nan.engine.trace.events import OpEvent
+from debug_nan.engine.explain.causes.wording import (
+    ALL_IGNORED_SUGGESTIONS,
+    SUGGESTIONS,
+    batch_layout,
+    describe_rows,
+    is_builtin,
+    ranges,
+    suggestions_for,
+)
 from debug_nan.engine.stats import tensor_stats
+from debug_nan.engine.trace.events import OpEvent
 from debug_nan.engine.vocabulary import Cause, Phase
 
 __all__ = ["SUGGESTIONS", "base_name", "batch_layout", "describe_rows", "diagnose", "is_builtin", "ranges"]

@@ -11,9 +11,8 @@ from torch import nn
 
 from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.engine.stats import flat_tensors, tensor_stats
-from debug_nan.engine.vocabulary import CheckKind, Cause, PHASE_OF_KIND, Phase
+from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
 from debug_nan.engine.watch.watch import Check
-
 
 
 @dataclass

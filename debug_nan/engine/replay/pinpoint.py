@@ -18,21 +18,28 @@ from dataclasses import replace
 
 import torch
 
-from debug_nan.engine.replay.buffer_writers import BufferWriters, Written
-from debug_nan.engine.replay.driver import (NotReplayable, StepDriver, StepInputs, TaskFailure, is_out_of_memory,
-                                     optimizer_step, replay_loss)
-from debug_nan.engine.trace.events import has_nonfinite
-from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
+from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
+from debug_nan.engine.replay.buffer_writers import BufferWriters, Written
+from debug_nan.engine.replay.driver import (
+    NotReplayable,
+    StepDriver,
+    StepInputs,
+    TaskFailure,
+    is_out_of_memory,
+    optimizer_step,
+    replay_loss,
+)
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
 from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.stats import flat_tensors, move_to
+from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
+from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
-from debug_nan.engine.vocabulary import CheckKind, Phase
 
 
 class Pinpointer:

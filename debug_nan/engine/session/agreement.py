@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.watch.history import StepRecord
-from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, PHASE_CODE
-from debug_nan.errors import InputError, describe_exception
+from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.session.distributed import DistContext, agree, broadcast
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.history import StepRecord
+from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, PHASE_CODE
+from debug_nan.errors import InputError, describe_exception
 
 
 class RunAborted(Exception):

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from debug_nan.engine.replay.catch_up import catch_up
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng, restore_rng, schedule_state
-from debug_nan.engine.watch.watch_result import MicroResult
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.watch_result import MicroResult
 
 SNAPSHOT_SHARE = 0.005  # the share of a step the copy may cost, amortised over the steps between copies
 MAX_SNAPSHOT_EVERY = 16  # at most this many steps re-run (and their batches kept) to bring a copy forward

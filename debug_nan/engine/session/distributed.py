@@ -28,7 +28,6 @@ import torch.distributed as dist
 from debug_nan.errors import InputError
 
 
-
 class SetupFailedOnARank(InputError):
     """Every rank raises this from agree_on_setup when some rank could not set up the run."""
 

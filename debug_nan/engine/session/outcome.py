@@ -8,13 +8,13 @@ from typing import Protocol
 
 import torch
 
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.trip import Trip
-from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.watch.phase_codes import PHASE_CODE
 from debug_nan.engine.watch.watch import Check
-from debug_nan.engine.vocabulary import CheckKind
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.stats import move_to
 
 

@@ -22,14 +22,10 @@ import math
 
 import torch
 
-from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.explain.finding import Finding, explosion_finding
-from debug_nan.engine.watch.history import History, StepRecord
+from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
-from debug_nan.engine.stats import capture_batch
-from debug_nan.engine.vocabulary import CheckKind, Phase, adapt_advice
-from debug_nan.engine.watch.watch import Watch
 from debug_nan.engine.session.copies import StateCopies, live_state_kept
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.output_schedule import OutputSchedule
@@ -37,6 +33,10 @@ from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import unscaled
 from debug_nan.engine.session.repro import repro_state
 from debug_nan.engine.session.unreplayed import interrupted_pinpoint, unreplayed_finding
+from debug_nan.engine.stats import capture_batch
+from debug_nan.engine.vocabulary import CheckKind, Phase, adapt_advice
+from debug_nan.engine.watch.history import History, StepRecord
+from debug_nan.engine.watch.watch import Watch
 
 
 class StepSession:

@@ -3,10 +3,10 @@ or impossible (--snapshot off: no state to replay from; --snapshot params: no op
 
 from __future__ import annotations
 
-from debug_nan.engine.replay.driver import TaskFailure
-from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.explain.finding import Finding, watch_only_finding
+from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.replay.snapshot import NO_OPTIMIZER_COPY, NO_SNAPSHOT
+from debug_nan.engine.replay.trip import Trip
 from debug_nan.errors import describe_exception
 
 

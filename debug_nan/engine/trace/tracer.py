@@ -29,14 +29,24 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from debug_nan.engine.trace.events import (OVERWRITING, UNINITIALISED, OpEvent, base_arg_name, has_nonfinite,
-                                     named_tensors, nonfinite_flags, op_info, saved_tensors, scalar_is_inf,
-                                     split_foreach)
+from debug_nan.engine.stats import flat_tensors
+from debug_nan.engine.trace.events import (
+    OVERWRITING,
+    UNINITIALISED,
+    OpEvent,
+    base_arg_name,
+    has_nonfinite,
+    named_tensors,
+    nonfinite_flags,
+    op_info,
+    saved_tensors,
+    scalar_is_inf,
+    split_foreach,
+)
 from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
-from debug_nan.engine.stats import flat_tensors
-from debug_nan.frames import source_from_stack_lines, user_frame
 from debug_nan.engine.vocabulary import Phase
+from debug_nan.frames import source_from_stack_lines, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from debug_nan.engine.watch.watch_result import Check, Segment
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.watch_result import Check, Segment
 
 
 def _floating(t) -> bool:

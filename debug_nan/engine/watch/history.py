@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from debug_nan.engine.watch.watch_result import MicroResult, larger
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.watch_result import MicroResult, larger
 
 MAX_NOTES = 10  # outputs that never reached harm, listed one per line in the summary
 MAX_RUNS = 16  # step ranges kept per non-finite series; later steps are only counted (memory stays bounded)

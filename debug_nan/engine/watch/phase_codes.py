@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.vocabulary import CheckKind, PHASE_OF_KIND
+from debug_nan.engine.vocabulary import PHASE_OF_KIND, CheckKind
 from debug_nan.engine.watch.watch_result import HARM_KINDS, MicroResult
 
 _LATEST_FIRST = ("backward", "exception", "loss", "forward", "data", "optimizer", "abort")
@@ -17,7 +17,8 @@ CODE_PHASE = {code: phase for code, phase in enumerate(_LATEST_FIRST, start=1)}
 _CODE_OF_PHASE = {phase: code for code, phase in CODE_PHASE.items()}
 PHASE_CODE = {kind: _CODE_OF_PHASE[phase] for kind, phase in PHASE_OF_KIND.items()}  # check kind -> code
 ABORT_CODE, EXCEPTION_CODE = _CODE_OF_PHASE["abort"], _CODE_OF_PHASE["exception"]
-NORM_KINDS = (CheckKind.PARAM, CheckKind.GRAD)  # finiteness read from a norm or a sum (which may overflow: the watch's second look)
+# finiteness read from a norm or a sum (which may overflow: the watch's second look)
+NORM_KINDS = (CheckKind.PARAM, CheckKind.GRAD)
 
 
 def host_code(result: MicroResult, raised: bool = False, abort: bool = False) -> int:

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextlib import contextmanager
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch import nn
 
+from debug_nan.engine.stats import flat_tensors, tensor_stats
+from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.buffer_watch import BufferWatch
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.engine.watch.norms import l2_norms, param_and_state_tensors, stack64, state_sums, sum_plan
-from debug_nan.engine.stats import flat_tensors, tensor_stats
-from debug_nan.engine.watch.phase_codes import NORM_KINDS as _NORM_KINDS, device_code, host_code
+from debug_nan.engine.watch.phase_codes import NORM_KINDS as _NORM_KINDS
+from debug_nan.engine.watch.phase_codes import device_code, host_code
 from debug_nan.engine.watch.watch_result import HARM_KINDS, KIND_ORDER, Check, MicroResult, Segment
-from debug_nan.engine.vocabulary import CheckKind
 
 __all__ = ["HARM_KINDS", "Check", "MicroResult", "Watch", "l2_norms", "param_and_state_tensors"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.trace.events import OpEvent
 from debug_nan.engine.stats import flat_tensors
+from debug_nan.engine.trace.events import OpEvent
 from debug_nan.engine.vocabulary import Cause
 
 BUILTIN_MODEL_PACKAGE = "debug_nan.aam.model."
