@@ -9,10 +9,10 @@ from click.testing import CliRunner
 
 from debug_nan.app.cli import main
 from debug_nan.aam.data.synthetic import synthesize
+from tests.support import REPO, SUPPORT
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.toml")
-SCENARIOS = REPO / "tests" / "scenarios.py"
+SCENARIOS = SUPPORT / "scenarios.py"
 
 
 # modules whose every test runs the tool end to end (a subprocess, torchrun, a script)

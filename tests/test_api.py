@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import debug_nan
-from tests import scenarios
+from tests.support import scenarios
 
 
 def _loop(task, steps=4):

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 
 from debug_nan.aam.data.writing import to_biom_table, write_biom, write_tree
 from tests.conftest import TINY
+from tests.support.files import fingerprint
 
 
 @dataclass
@@ -302,20 +303,6 @@ CASES = [
 ]
 
 
-def _fingerprint(root: Path) -> dict[str, str]:
-    """Path -> content hash (or link target / kind) of everything under root, without following links."""
-    out = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                out[rel] = "link -> " + os.readlink(path)
-            elif path.is_file():
-                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir" if path.is_dir() else "special"
-    return out
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
@@ -323,14 +310,14 @@ def test_bad_data(case: Case, run_cli, tiny_data, tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     case.write(d, copy.copy(tiny_data))
-    before = _fingerprint(d)
+    before = fingerprint(d)
     args = [a.replace("{d}", str(d)) for a in case.args]
     config = [] if "--config" in args else ["--config", TINY]
     run = run_cli(*config, "--device", "cpu", *args)
     assert run.code == case.code, run.output
     assert case.message.replace("{d}", str(d)) in run.output, run.output
     assert "Traceback" not in run.output
-    assert _fingerprint(d) == before  # no input was written, moved or deleted
+    assert fingerprint(d) == before  # no input was written, moved or deleted
     assert run.report is not None, "no --report written"
     assert run.report["exit_code"] == case.code
     assert run.report["status"] == ("error" if case.code == 2 else "clean")

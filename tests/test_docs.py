@@ -408,7 +408,7 @@ def test_every_link_and_repo_path_exists(page):
     for where, text in snippets(page):
         for token in words(text):
             token = token.strip("()[],;'\"").rstrip(".:")
-            path = re.sub(r":[\w.]*$", "", token)  # tests/scenarios.py:high_lr, docs/examples/train.py:33
+            path = re.sub(r":[\w.]*$", "", token)  # tests/support/scenarios.py:high_lr, docs/examples/train.py:33
             if REPO_PATH.match(path) and "*" not in path:
                 assert (REPO / path).exists(), f"{where}: `{text}` names {path}, which is not in the repository"
 
@@ -475,7 +475,7 @@ def test_the_checks_catch_what_they_should():
     with pytest.raises(AssertionError, match="is not one of"):
         check_script_command("scripts/bench_overhead.py", ["--model", "llama"], "x", "x")
     with pytest.raises(AssertionError, match="defines no"):
-        check_task("tests/scenarios.py:no_such_task", "x")
+        check_task("tests/support/scenarios.py:no_such_task", "x")
     assert check_debug_nan(["run", "--report", "r.json", "--", "python", "train.py", "--lr", "1"], "x", "x") == 1
     assert check_script_command("scripts/bench_run.py", ["--warmup", "16", "--model", "deep"], "x", "x") == 2
     with pytest.raises(AssertionError, match="has no option -x"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.test_outputs import FAULT_TASKS
+from tests.support import FAULT_TASKS
 
 TASKS = FAULT_TASKS + '''
 

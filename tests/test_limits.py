@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from debug_nan.app.cli import main
 from debug_nan.presentation.bundle import BUNDLE_VERSION, REQUIRED_KEYS
-from tests.test_outputs import FAULT_TASKS
+from tests.support import FAULT_TASKS
 
 TASK = ("--task", "faults.py:healthy", "--device", "cpu", "--max-steps", "1")
 LONG = "n" * 256  # one over the 255-byte limit of a name on Linux file systems

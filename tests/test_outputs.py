@@ -19,9 +19,9 @@ from click.testing import CliRunner
 
 from debug_nan.app.cli import main
 from debug_nan.aam.data.writing import write_biom, write_tree
-from tests.test_bad_data import _fingerprint
+from tests.support import FAULT_TASKS
+from tests.support.files import fingerprint
 
-FAULT_TASKS = '"""Tasks that fail in the ways a user\'s task can (written into a temp folder by the tests)."""\nimport os\nimport shutil\nimport sys\nimport time\n\nimport torch\nfrom torch import nn\n\n\nclass T:\n    def __init__(self, model, batches, loss):\n        self.model, self.batches, self.loss = model, batches, loss\n\n\ndef _batches(n=4):\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(4, 3, generator=g) for _ in range(n)]\n\n\ndef _square(m, b):\n    return m(b).pow(2).mean()\n\n\ndef healthy():\n    torch.manual_seed(0)\n    return T(nn.Linear(3, 1), _batches(), _square)\n\n\ndef removes_path():\n    """Deletes $FAULT_PATH (a folder) at the second loss call: the report\'s or the plot\'s folder goes away."""\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        if calls[0] == 2:\n            shutil.rmtree(os.environ["FAULT_PATH"], ignore_errors=True)\n        return _square(m, b)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef frozen():\n    model = nn.Linear(3, 1)\n    model.requires_grad_(False)\n    return T(model, _batches(), _square)\n\n\nclass Broken:\n    def __iter__(self):\n        items = [torch.randn(4, 3)]\n        for k in range(3):\n            yield items[k]\n\n\ndef broken_batches():\n    return T(nn.Linear(3, 1), Broken(), _square)\n\n\ndef exits_in_factory():\n    sys.exit(3)\n\n\ndef exits_in_loss():\n    def loss(m, b):\n        sys.exit(3)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef slow():\n    """A step every ~0.1 s, for the signal tests."""\n    def loss(m, b):\n        time.sleep(0.1)\n        return _square(m, b)\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef nan_at_step_2():\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        out = m(b).pow(2).mean()\n        return out * float("nan") if calls[0] >= 2 else out\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef interrupted_in_replay():\n    """NaN loss at step 2; the pinpoint replay\'s call of the loss is interrupted (Ctrl-C)."""\n    calls = [0]\n\n    def loss(m, b):\n        calls[0] += 1\n        if calls[0] >= 3:\n            raise KeyboardInterrupt\n        out = m(b).pow(2).mean()\n        return out * float("nan") if calls[0] == 2 else out\n    return T(nn.Linear(3, 1), _batches(), loss)\n\n\ndef fails_on_rank_1():\n    if os.environ.get("RANK") == "1":\n        raise ValueError("rank 1 cannot open its shard")\n    return healthy()\n\n\ndef log_of_negative_in_batch_2():\n    """Stateless (replayable): batch 2 holds -3, and the loss takes log(x + 2) of it."""\n    batches = _batches()\n    batches[1][0, 0] = -3.0\n\n    def loss(m, b):\n        return m(b).pow(2).mean() + torch.log(b[0, 0] + 2)\n    return T(nn.Linear(3, 1), batches, loss)\n'
 
 
 @dataclass
@@ -168,13 +168,13 @@ def test_fault(case: Fault, fault_dir, monkeypatch):
     args = [a.replace("{d}", str(d)) for a in case.args]
     if case.report == "r.json" and not any(a.startswith("--report") for a in args):
         args += ["--report", str(d / "r.json")]
-    inputs = {k: v for k, v in _fingerprint(d).items() if k != "r.json" and not k.startswith("out")}
+    inputs = {k: v for k, v in fingerprint(d).items() if k != "r.json" and not k.startswith("out")}
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     output = result.output
     assert result.exit_code == case.code, output
     assert case.message.replace("{d}", str(d)) in output, output
     assert "Traceback" not in output and "<frozen" not in output
-    after = _fingerprint(d)
+    after = fingerprint(d)
     assert {k: after.get(k) for k in inputs} == inputs  # no input written, moved or deleted
     assert not [k for k in after if k.endswith(".partial") or ".debug-nan-probe-" in k]
     if case.report is not None:

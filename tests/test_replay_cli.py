@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from debug_nan.app.cli import main
-from tests.test_outputs import FAULT_TASKS
+from tests.support import FAULT_TASKS
 
 
 def run_with_bundle(tmp_path) -> tuple[Path, dict]:

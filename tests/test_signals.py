@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.test_outputs import FAULT_TASKS
+from tests.support import FAULT_TASKS
 
 
 def start(tmp_path, *args: str) -> subprocess.Popen:

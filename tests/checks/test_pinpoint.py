@@ -12,7 +12,7 @@ from debug_nan.engine.replay.driver import StepDriver, StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
 from debug_nan.engine.watch.watch import Check
-from tests.tasks import users_run
+from tests.support.tasks import users_run
 
 
 class PlainDriver:

@@ -7,7 +7,7 @@ from torch import nn
 
 from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.trace.tracer import Tracer
-from tests import scenarios
+from tests.support import scenarios
 
 D = 4
 

@@ -1,9 +1,9 @@
-"""Bugs reported in public projects (tests/public_bugs.py), through the CLI: healthy idioms stay clean, broken
+"""Bugs reported in public projects (tests/support/public_bugs.py), through the CLI: healthy idioms stay clean, broken
 ones are pinpointed at the origin derived from first principles (see each factory's docstring)."""
 
-from tests.conftest import REPO
+from tests.support import SUPPORT
 
-BUGS = REPO / "tests" / "public_bugs.py"
+BUGS = SUPPORT / "public_bugs.py"
 AAM_WORDS = ("ASV", "--guards", "token-limited")
 
 

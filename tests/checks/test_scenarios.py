@@ -16,7 +16,7 @@ def test_masked_softmax_over_an_empty_row(run_cli):
     assert (f["step"], f["micro_step"], f["phase"]) == (1, 1, "forward")
     assert (f["module"], f["module_type"]) == ("attn", "MaskedAttention")
     assert f["op"] == "aten._softmax.default" and f["kind"] == "nan" and f["cause"] == "all_masked_softmax"
-    assert f["source"] == "tests/scenarios.py:31"
+    assert f["source"] == "tests/support/scenarios.py:31"
     assert "6 of 24 rows whose 6 inputs were all -inf" in f["explanation"] and "s0_2" in f["explanation"]
     assert f["inputs"]["self"]["neginf"] == 3 * 6 * 2 + 6 * 6  # 2 padding keys per row of 3 samples + sample 2
     assert f["outputs"]["out"]["nan"] == 36
@@ -29,7 +29,7 @@ def test_log_of_zero_in_the_loss(run_cli):
     f = run.first
     assert run.code == 1 and (f["phase"], f["module"], f["module_type"]) == ("loss", "", "")
     assert f["op"] == "aten.log.default" and f["kind"] == "inf" and f["cause"] == "log_of_nonpositive"
-    assert f["source"].startswith("tests/scenarios.py:") and "torch.log(picked)" in f["source_line"]
+    assert f["source"].startswith("tests/support/scenarios.py:") and "torch.log(picked)" in f["source_line"]
     assert "11 values equal to 0" in f["explanation"]
 
 
@@ -44,7 +44,7 @@ def test_sqrt_at_zero_is_finite_forward_nan_backward(run_cli):
     run = run_cli(*task("sqrt_distance"))
     f = run.first
     assert (f["phase"], f["cause"], f["backward_node"]) == ("backward", "grad_at_singularity", "SqrtBackward0")
-    assert f["module_type"] == "Embedder" and f["source"] == f["forward_source"] == "tests/scenarios.py:162"
+    assert f["module_type"] == "Embedder" and f["source"] == f["forward_source"] == "tests/support/scenarios.py:162"
     assert "saved forward result is 0 at 5 of 25 positions" in f["explanation"]
     assert run.report["history"][0]["loss"] is None or run.report["history"][0]["loss"] != "nan"
 
@@ -121,16 +121,16 @@ def test_trace_every_step_prints_the_layer_trace(run_cli):
 
 @pytest.mark.parametrize("spec, message", [
     ("nope.py:f", "does not exist"),
-    ("tests/scenarios.py", "must be FILE.py:NAME"),
-    ("tests/scenarios.py:missing", "has no attribute 'missing'"),
-    ("tests/scenarios.py:D", "not a callable"),
-    ("tests/scenarios.py:_mse", "calling it raised TypeError"),
+    ("tests/support/scenarios.py", "must be FILE.py:NAME"),
+    ("tests/support/scenarios.py:missing", "has no attribute 'missing'"),
+    ("tests/support/scenarios.py:D", "not a callable"),
+    ("tests/support/scenarios.py:_mse", "calling it raised TypeError"),
 ])
 def test_bad_task_specs_exit_2(run_cli, spec, message):
     import shutil
 
     shutil.copy(SCENARIOS, "scenarios_copy.py")
-    run = run_cli("--task", spec.replace("tests/scenarios.py", str(SCENARIOS)), "--device", "cpu")
+    run = run_cli("--task", spec.replace("tests/support/scenarios.py", str(SCENARIOS)), "--device", "cpu")
     assert run.code == 2 and message in run.output and "Traceback" not in run.output
 
 

@@ -1,11 +1,11 @@
-"""NaN that lives in state, from public reports (tests/state_bugs.py), through the CLI: each bug is pinpointed at
-the origin derived from first principles in its factory's docstring, and its fixed version is clean."""
+"""NaN that lives in state, from public reports (tests/support/state_bugs.py), through the CLI: each bug is
+pinpointed at the origin derived from first principles in its factory's docstring, and its fixed version is clean."""
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import SUPPORT
 
-BUGS = REPO / "tests" / "state_bugs.py"
+BUGS = SUPPORT / "state_bugs.py"
 
 
 def task(name: str, *extra: str) -> list[str]:
@@ -79,7 +79,7 @@ def test_poly_schedule_clamped_is_clean(run_cli):
 ])
 def test_nan_loaded_from_a_checkpoint_is_named_as_the_checkpoints(run_cli, tmp_path, poison, name, phase):
     """Rikorose/DeepFilterNet#30, NVIDIA-NeMo/RL#3544, NVIDIA/tacotron2#283."""
-    from tests.state_bugs import save_checkpoint
+    from tests.support.state_bugs import save_checkpoint
 
     path = tmp_path / f"{poison}.pt"
     save_checkpoint(path, poison)
@@ -93,7 +93,7 @@ def test_nan_loaded_from_a_checkpoint_is_named_as_the_checkpoints(run_cli, tmp_p
 
 
 def test_a_healthy_checkpoint_resumes_clean(run_cli, tmp_path):
-    from tests.state_bugs import save_checkpoint
+    from tests.support.state_bugs import save_checkpoint
 
     save_checkpoint(tmp_path / "ok.pt", None)
     run = run_cli(*task("resumed_model", "--max-steps", "3", "--checkpoint", str(tmp_path / "ok.pt")))
@@ -222,7 +222,7 @@ def test_the_monitor_names_the_buffer_writer_too():
     import torch
 
     import debug_nan
-    from tests.state_bugs import vqvae_ema_dead_code
+    from tests.support.state_bugs import vqvae_ema_dead_code
 
     t = vqvae_ema_dead_code()
     opt = torch.optim.AdamW(t.model.parameters(), lr=1e-4)

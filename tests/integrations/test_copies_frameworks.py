@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
-from tests.integrations import parity  # noqa: E402
+from tests.support.frameworks import parity  # noqa: E402
 
 STEPS = 6
 

@@ -12,7 +12,7 @@ pytest.importorskip("accelerate")
 import debug_nan  # noqa: E402
 from debug_nan.errors import InputError  # noqa: E402
 from debug_nan.integrations.hf import DebugNaNCallback  # noqa: E402
-from tests.integrations import tasks  # noqa: E402
+from tests.support.frameworks import tasks  # noqa: E402
 
 TASKS = tasks.__file__
 FIELDS = ("step", "micro_step", "phase", "module", "op", "cause")
@@ -78,7 +78,7 @@ def test_planted_bug_same_finding_as_the_cli(tmp_path, run_cli, accumulate, wher
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit_code"] is None
     assert report["status"] == "nonfinite" and report["first_nonfinite"]["source"].endswith(
-        "tests/integrations/tasks.py:" + cli.first["source"].rsplit(":", 1)[1])
+        "tests/support/frameworks/tasks.py:" + cli.first["source"].rsplit(":", 1)[1])
     assert trainer.state.global_step == where[0]  # stopped at the trip (its update skipped: no gradients)
     bundle = tmp_path / f"debug-nan-bundle-step{where[0]}-micro{where[1]}.pt"
     assert report["first_nonfinite"]["bundle"] == str(bundle) and bundle.is_file()
@@ -157,7 +157,7 @@ def test_the_callback_needs_the_trainer_it_watches(tmp_path):
 def test_a_nan_learning_rate_names_the_trainers_schedule(tmp_path):
     """The Trainer's own scheduler (accelerate wraps it) writes NaN into the lr after 2 steps: the finding names
     that schedule and its step, as the CLI does for a task's scheduler (it is not 'no scheduler attached')."""
-    from tests.integrations import parity
+    from tests.support.frameworks import parity
 
     model, batches, make_optimizer = parity.build("healthy")
     samples = [{k: v[i] for k, v in b.items()} for b in batches for i in range(parity.BATCH)]

@@ -5,16 +5,16 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests.support import SUPPORT
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from tests.conftest import REPO  # noqa: E402
 
-SCRIPT = Path(__file__).with_name("hf_ddp.py")
+SCRIPT = SUPPORT / "frameworks" / "hf_ddp.py"
 
 
 def test_nan_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):

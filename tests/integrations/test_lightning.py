@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 import debug_nan  # noqa: E402
 from debug_nan.errors import InputError  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback  # noqa: E402
-from tests.integrations import tasks  # noqa: E402
+from tests.support.frameworks import tasks  # noqa: E402
 
 TASKS = tasks.__file__
 

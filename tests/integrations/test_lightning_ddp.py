@@ -4,15 +4,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests.support import SUPPORT
 
 pytest.importorskip("lightning.pytorch")
 
 from tests.conftest import REPO  # noqa: E402
 
-SCRIPT = Path(__file__).with_name("lightning_ddp.py")
+SCRIPT = SUPPORT / "frameworks" / "lightning_ddp.py"
 
 
 def run(case: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import debug_nan
-from tests.integrations import parity
+from tests.support.frameworks import parity
 
 STEPS = 4
 

@@ -1,6 +1,6 @@
 """One bug, one answer: the planted bugs of parity.py on one tiny GPT-2, through `--task`, `debug_nan.Monitor`, the
 Lightning callback, the HF Trainer callback and `debug-nan run` of an unmodified script (a plain loop, Lightning,
-the HF Trainer: tests/integrations/parity_script.py). Every entry point drives the same step session, so step,
+the HF Trainer: tests/support/frameworks/parity_script.py). Every entry point drives the same step session, so step,
 micro-batch, phase and cause must agree everywhere, and module and op wherever the framework computes the same
 thing (the exceptions are listed in DIFFERS, each with its reason).
 
@@ -36,7 +36,7 @@ import debug_nan  # noqa: E402
 from debug_nan.app.cli import main  # noqa: E402
 from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
-from tests.integrations import parity  # noqa: E402
+from tests.support.frameworks import parity  # noqa: E402
 
 EXPECTED = {  # name -> (step, micro_step, phase, cause, module, op)
     "explosion_by_lr": (2, 1, "backward", "gradient_explosion", "transformer.wte", None),

@@ -8,7 +8,7 @@ from debug_nan.engine.watch.history import History
 from debug_nan.presentation.history_rows import build_rows, units
 from debug_nan.presentation.history_table import history_lines, short_labels, sparkline
 from tests.conftest import SCENARIOS
-from tests.tasks import deep_stack
+from tests.support.tasks import deep_stack
 
 
 def test_sparkline_log_scale_and_markers():

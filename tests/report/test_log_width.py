@@ -7,9 +7,9 @@ from click.testing import CliRunner
 import debug_nan
 from debug_nan.app.cli import main
 from debug_nan.presentation.line_width import fit
-from tests.conftest import REPO
+from tests.support import SUPPORT
 
-DEEP = REPO / "tests" / "tasks" / "deep_stack.py"
+DEEP = SUPPORT / "tasks" / "deep_stack.py"
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """`debug-nan run` on the real AAM code (github.com/jbk708/aam at 089f32d): its own
-SequenceEncoder, MultiTaskLoss and Trainer.train_epoch, driven by a small script (tests/run/aam_pretrain.py) on
+SequenceEncoder, MultiTaskLoss and Trainer.train_epoch, driven by a small script (tests/support/run/aam_pretrain.py) on
 samples with padding slots. AAM hides the NaN with torch.where in the forward; it leaks into the gradients, and
 the finding names AAM's attention pooling softmax and the padding slots. scikit-learn (AAM's validation metrics
 only) is not installed here: the script puts a stand-in in its place.
@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
+from tests.support import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = str(Path(__file__).resolve().parent / "aam_pretrain.py")
+SCRIPT = str(SUPPORT / "run" / "aam_pretrain.py")
 
 
 AAM_DIR = os.environ.get("DEBUG_NAN_AAM_DIR")

@@ -3,7 +3,7 @@ anomaly mode, training in a thread. Each script alone and watched, in fresh proc
 
 import pytest
 
-from tests.run.script_runs import alone, watched, write
+from tests.support.run.script_runs import alone, watched, write
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ weight non-finite is named at the script's own line."""
 
 import pytest
 
-from tests.run.script_runs import same_as_alone
+from tests.support.run.script_runs import same_as_alone
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from debug_nan.app.command import exit_code, resolve
 HERE = Path(__file__).resolve().parent
 
 RAISES = """import torch
-from tests.run import models
+from tests.support import models
 
 torch.manual_seed(0)
 model = models.Net()
@@ -27,7 +27,7 @@ for batch in models.batches(empty_at=(2,)):
 """
 
 PLAIN_TRAIN = """import torch
-from tests.run import models
+from tests.support import models
 
 model = models.Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -36,7 +36,7 @@ print("never")
 """
 
 KEYERROR = """import torch
-from tests.run import models
+from tests.support import models
 
 torch.manual_seed(0)
 model = models.Net()
@@ -51,7 +51,7 @@ for i, batch in enumerate(models.batches()):
 
 ENTRY = "[console_scripts]\nmytrain = mytrain_main:main\n"
 MAIN = """import torch
-from tests.run import models
+from tests.support import models
 
 
 def main():
@@ -124,7 +124,7 @@ def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
     done, _, stderr = run_here(*command)
     assert done.code == 1, done.output
     assert (done.first["step"], done.first["op"], done.first["source"]) == (3, "aten._softmax.default",
-                                                                          "tests/run/models.py:21")
+                                                                          "tests/support/models.py:21")
     assert f"({'module' if form == 'module' else 'entry point'};" in stderr
 
 

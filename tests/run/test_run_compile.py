@@ -6,7 +6,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from debug_nan.engine.watch.watch import Watch
-from tests.run.script_runs import alone, watched, write
+from tests.support.run.script_runs import alone, watched, write
 
 COMPILED = """
     import torch

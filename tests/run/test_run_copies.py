@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import debug_nan
-from tests.run.script_runs import alone, watched, write
+from tests.support.run.script_runs import alone, watched, write
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 every rank. Healthy: its output byte for byte, its exit code on every rank. Broken: the ranks agree, each that saw
 the harm first replays its own micro-batch in place (no second run, no new rendezvous), they stop together with
 exit 1, and the finding names the rank that saw the harm first: the same as the CLI's `--task` under torchrun for
-the same model and batches (tests/run/tasks.py; the script deals batch i to rank i % 2, as the CLI does). A rank
+the same model and batches (tests/support/run/tasks.py; the script deals batch i to rank i % 2, as the CLI does). A rank
 that fails alone never leaves the others waiting."""
 
 import json
@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support import REPO, SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-HERE = Path(__file__).resolve().parent
+HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
 TASKS = str(HERE / "tasks.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -24,8 +25,8 @@ FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause",
 
 
 def env() -> dict:
-    """The ranks' environment: the repository importable (tasks.py imports `tests.run.models`), as in pytest."""
-    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    """The ranks' environment: the repository importable (tasks.py imports `tests.support.models`), as in pytest."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
@@ -156,7 +157,8 @@ def test_a_nan_learning_rate_on_every_rank_is_traced_in_the_optimizer_step(tmp_p
     assert (first["step"], first["phase"], first["op"], first["cause"], first["rank"], first["first_ranks"]) == (
         2, "optimizer", "aten.mul_.Tensor", "nonfinite_parameter", 0, [0, 1])
     line = Path(SCRIPT).read_text().splitlines().index("    optimizer.step()") + 1
-    assert first["source"] == f"tests/run/ddp_script.py:{line}" and "The learning rate is nan" in first["explanation"]
+    assert first["source"] == f"tests/support/run/ddp_script.py:{line}"
+    assert "The learning rate is nan" in first["explanation"]
 
 
 def test_a_rank_whose_data_is_not_reproducible_still_gets_its_op(tmp_path):

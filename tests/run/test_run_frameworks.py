@@ -3,14 +3,14 @@ print exactly their own output; a planted bug gives the `--task` finding for the
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests.support import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-HERE = Path(__file__).resolve().parent
-TASKS = str(HERE.parent / "integrations" / "tasks.py")
+HERE = SUPPORT / "run"
+TASKS = str(SUPPORT / "frameworks" / "tasks.py")
 FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause", "kind", "source")
 
 

@@ -8,6 +8,8 @@ import csv
 import pytest
 import torch
 
+from tests.support import REPO
+
 pytestmark = pytest.mark.e2e
 
 PENALTY = """import torch
@@ -53,7 +55,7 @@ FILES = """import csv
 import sys
 
 import torch
-from tests.run import models
+from tests.support import models
 
 torch.manual_seed(0)
 model = models.Net()
@@ -134,8 +136,7 @@ def test_files_the_script_writes_are_left_as_the_plain_run_left_them(tmp_path, r
     plain.mkdir()
     import subprocess
     import sys
-    from pathlib import Path
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, str(tmp_path / "files.py"), "2"], cwd=plain, env=env, check=True)
     with open(plain / "losses.csv") as f:
         assert watched_rows == list(csv.reader(f)) and len(watched_rows) == 2

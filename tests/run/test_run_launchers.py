@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.run.side_by_side import TRAIN, env, plain
+from tests.support.run.side_by_side import TRAIN, env, plain
 
 pytestmark = pytest.mark.e2e
 

@@ -1,15 +1,15 @@
 """`debug-nan run`: a parameter that an optimizer step made non-finite is traced through that step, replayed in
 place, and named as `--task` names it (the source is the script's `optimizer.step()` line)."""
 
-from pathlib import Path
 
 import pytest
+from tests.support import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-SCENARIOS = str(Path(__file__).resolve().parents[1] / "scenarios.py")
+SCENARIOS = str(SUPPORT / "scenarios.py")
 ADAM = """import torch
-from tests.scenarios import adam_eps_zero
+from tests.support.scenarios import adam_eps_zero
 
 task = adam_eps_zero()  # Adam with eps=0 and a parameter whose gradient is exactly 0
 model, optimizer = task.model, task.optimizer(task.model.parameters())
@@ -39,7 +39,7 @@ def test_optimizer_phase_same_finding_as_the_task(tmp_path, run_here, run_cli):
 LIGHTNING_ADAM = """import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from tests.scenarios import adam_eps_zero
+from tests.support.scenarios import adam_eps_zero
 
 task = adam_eps_zero()
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.run.side_by_side import TRAIN, env, plain
+from tests.support.run.side_by_side import TRAIN, env, plain
 
 
 def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch):

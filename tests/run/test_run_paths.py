@@ -8,7 +8,7 @@ import pytest
 
 from debug_nan.errors import InputError
 from debug_nan.app import run_paths as paths
-from tests.run.side_by_side import TRAIN, plain, watched
+from tests.support.run.side_by_side import TRAIN, plain, watched
 
 pytestmark = pytest.mark.e2e
 
@@ -92,9 +92,9 @@ def test_which_existing_files_debug_nan_may_replace(tmp_path):
 
 
 def test_an_output_path_the_command_imported_goes_beside_it():
-    import tests.run.side_by_side as module
+    import tests.support.run.side_by_side as module
 
     said = []
     moved = paths.destination(module.__file__, "--log", None, said.append)
     assert moved == module.__file__[:-3] + ".debug-nan.py"
-    assert "(the command imported it (module tests.run.side_by_side))" in said[0]
+    assert "(the command imported it (module tests.support.run.side_by_side))" in said[0]

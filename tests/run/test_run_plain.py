@@ -1,18 +1,18 @@
 """`debug-nan run -- python plain_loop.py`: an unmodified training loop, healthy (its stdout byte for byte, its
-exit code) and broken (the finding equals the `--task` finding for the same model, tests/run/tasks.py)."""
+exit code) and broken (the finding equals the `--task` finding for the same model, tests/support/run/tasks.py)."""
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_process
+from tests.support import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-HERE = Path(__file__).resolve().parent
+HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "plain_loop.py")
 TASKS = str(HERE / "tasks.py")
 FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause", "kind", "source")

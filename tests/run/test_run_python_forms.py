@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from tests.run.side_by_side import TRAIN, plain, watched
+from tests.support.run.side_by_side import TRAIN, plain, watched
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 SCALER = """import torch
-from tests.run import models
+from tests.support import models
 
 torch.manual_seed(0)
 model = models.Net()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.run.side_by_side import TRAIN, env, plain, watched
+from tests.support.run.side_by_side import TRAIN, env, plain, watched
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@ both stages: the watch follows the newest optimizer, and a NaN its update makes 
 
 import pytest
 
-from tests.run.script_runs import same_as_alone
+from tests.support.run.script_runs import same_as_alone
 
 pytestmark = pytest.mark.e2e
 

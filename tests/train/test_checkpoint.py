@@ -10,7 +10,7 @@ import torch
 
 from debug_nan.errors import InputError
 from debug_nan.drivers.trainer.checkpoint import load_model_state, split_checkpoint
-from tests.tasks import resume_task
+from tests.support.tasks import resume_task
 
 TASK = Path(resume_task.__file__)
 K = 20  # the plain loop saves its checkpoint after this many optimizer steps

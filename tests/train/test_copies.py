@@ -15,9 +15,9 @@ import debug_nan
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.watch.watch_result import MicroResult, Segment
 from debug_nan.engine.session.copies import MAX_SNAPSHOT_EVERY, StateCopies
-from tests import state_bugs
+from tests.support import state_bugs
 from tests.checks.test_state_bugs import task
-from tests.integrations import parity
+from tests.support.frameworks import parity
 
 FIELDS = ("step", "micro_step", "phase", "kind", "cause", "module", "op", "source_line")
 

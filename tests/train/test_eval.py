@@ -11,7 +11,7 @@ from debug_nan.drivers.trainer.evaluate import harmed_values
 from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.drivers.task import load_task
 from tests.conftest import TINY
-from tests.tasks import eval_task
+from tests.support.tasks import eval_task
 
 TASK = Path(eval_task.__file__)
 

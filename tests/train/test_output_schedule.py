@@ -6,9 +6,9 @@ import pytest
 
 from debug_nan.engine.session import output_schedule as schedule_module
 from debug_nan.engine.session.output_schedule import MAX_OUTPUTS_EVERY, WARM_STEPS, OutputSchedule
-from tests.conftest import REPO
+from tests.support import SUPPORT
 
-BUGS = REPO / "tests" / "public_bugs.py"
+BUGS = SUPPORT / "public_bugs.py"
 
 
 class FakeClock:

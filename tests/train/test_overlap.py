@@ -14,7 +14,7 @@ from torch import nn
 
 from debug_nan.engine.session.distributed import DistContext
 from debug_nan.drivers.trainer.overlap import OverlappedAllReduce, plan_buckets
-from tests.scenarios import FailingBackward
+from tests.support.scenarios import FailingBackward
 
 
 def test_buckets_follow_the_order_split_by_dtype_and_cap():

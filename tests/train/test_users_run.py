@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY
-from tests.tasks import users_run
+from tests.support.tasks import users_run
 
 TASKS = Path(users_run.__file__)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import transformers
 from transformers.trainer_callback import PrinterCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for its test models
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.integrations import tasks  # noqa: E402
+from tests.support.frameworks import tasks  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("output_dir")

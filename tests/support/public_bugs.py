@@ -2,7 +2,7 @@
 
 Each factory names the thread it rebuilds and the origin expected from first principles; the expectations are
 asserted in tests/checks/test_public_bugs.py. Run one by hand, e.g.
-    debug-nan --task tests/public_bugs.py:where_exp_overflow --max-steps 2 --device cpu
+    debug-nan --task tests/support/public_bugs.py:where_exp_overflow --max-steps 2 --device cpu
 """
 
 from types import SimpleNamespace

@@ -14,12 +14,15 @@ tensor (finite, but NaN in its backward: the gradients of both ranks are NaN aft
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-import models
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
+
+from tests.support import models  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])

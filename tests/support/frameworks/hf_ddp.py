@@ -9,7 +9,7 @@ import sys
 import transformers
 
 from debug_nan.integrations.hf import DebugNaNCallback
-from tests.integrations import tasks
+from tests.support.frameworks import tasks
 
 
 def main(out: str) -> None:

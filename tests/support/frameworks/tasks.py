@@ -1,7 +1,7 @@
 """The tiny models of the integration tests, as `--task` plug-ins: the same model, batches, loss and optimizer
 that the Lightning / HF tests train, so the CLI's finding can be compared with the callback's.
 
-    debug-nan --task tests/integrations/tasks.py:masked_attention --max-steps 5 --max-grad-norm 0 --warmup-steps 0
+    debug-nan --task tests/support/frameworks/tasks.py:masked_attention --max-steps 5 --max-grad-norm 0 --warmup-steps 0
 """
 
 from types import SimpleNamespace

@@ -1,5 +1,5 @@
 """A Lightning script, as a user writes it (no debug-nan inside): the masked-attention net of
-tests/integrations/tasks.py as a LightningModule; prints the loss of every step.
+tests/support/frameworks/tasks.py as a LightningModule; prints the loss of every step.
 
     python lightning_script.py [--bug none|masked] [--accumulate N] [--steps N]
 """
@@ -12,9 +12,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for its test models
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.integrations import tasks  # noqa: E402
+from tests.support.frameworks import tasks  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked"])

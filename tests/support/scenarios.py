@@ -1,7 +1,7 @@
 """Task plug-ins used by the scenario tests, one numerical failure each (and one healthy model).
 
 Run any of them from the CLI, e.g.
-    debug-nan --task tests/scenarios.py:masked_softmax --max-steps 3 --report r.json
+    debug-nan --task tests/support/scenarios.py:masked_softmax --max-steps 3 --report r.json
 """
 
 from types import SimpleNamespace

@@ -1,6 +1,6 @@
 """Task plug-ins for "the debug run is the user's run": each one trains exactly as its own loop would.
 
-    debug-nan --task tests/tasks/users_run.py:sgd_lr5 --max-steps 20 --explosion-threshold 1e300
+    debug-nan --task tests/support/tasks/users_run.py:sgd_lr5 --max-steps 20 --explosion-threshold 1e300
 """
 
 from types import SimpleNamespace

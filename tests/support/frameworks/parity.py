@@ -2,7 +2,7 @@
 the pieces the Monitor, Lightning and HF Trainer parity runs train with: the same model, batches, loss and
 optimizer through every entry point.
 
-    debug-nan --task tests/integrations/parity.py:explosion_by_lr --max-steps 4
+    debug-nan --task tests/support/frameworks/parity.py:explosion_by_lr --max-steps 4
 
 Every batch is a dict of GPT2LMHeadModel keyword arguments: `input_ids` [B, L] or `inputs_embeds` [B, L, D], and
 `labels` [B, L] (-100 = ignored). Dropout is off, so every entry point computes the same numbers.

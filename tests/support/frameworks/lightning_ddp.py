@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from debug_nan.integrations.lightning import DebugNaNCallback
-from tests.integrations import tasks
+from tests.support.frameworks import tasks
 
 CASES = {  # module, loss, batches
     "forward_on_rank1": (tasks.Net, tasks.net_loss, tasks.masked_batches(empty_at=(3,))),

@@ -1,13 +1,13 @@
 """The `--task` twins of the `debug-nan run` test scripts: the same model, batches, loss and optimizer.
 
-    debug-nan --task tests/run/tasks.py:masked --max-steps 4 --gradient-accumulation-steps 2
+    debug-nan --task tests/support/run/tasks.py:masked --max-steps 4 --gradient-accumulation-steps 2
 """
 
 from types import SimpleNamespace
 
 import torch
 
-from tests.run import models
+from tests.support import models
 
 LR = 1e-2
 

@@ -6,10 +6,13 @@
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
-import models
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
+
+from tests.support import models  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "unlabelled", "lr"])
