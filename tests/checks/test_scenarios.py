@@ -16,7 +16,7 @@ def test_masked_softmax_over_an_empty_row(run_cli):
     assert (f["step"], f["micro_step"], f["phase"]) == (1, 1, "forward")
     assert (f["module"], f["module_type"]) == ("attn", "MaskedAttention")
     assert f["op"] == "aten._softmax.default" and f["kind"] == "nan" and f["cause"] == "all_masked_softmax"
-    assert f["source"] == "tests/support/scenarios.py:31"
+    assert f["source"] == "tests/support/models.py:35"
     assert "6 of 24 rows whose 6 inputs were all -inf" in f["explanation"] and "s0_2" in f["explanation"]
     assert f["inputs"]["self"]["neginf"] == 3 * 6 * 2 + 6 * 6  # 2 padding keys per row of 3 samples + sample 2
     assert f["outputs"]["out"]["nan"] == 36
@@ -44,7 +44,7 @@ def test_sqrt_at_zero_is_finite_forward_nan_backward(run_cli):
     run = run_cli(*task("sqrt_distance"))
     f = run.first
     assert (f["phase"], f["cause"], f["backward_node"]) == ("backward", "grad_at_singularity", "SqrtBackward0")
-    assert f["module_type"] == "Embedder" and f["source"] == f["forward_source"] == "tests/support/scenarios.py:162"
+    assert f["module_type"] == "Embedder" and f["source"] == f["forward_source"] == "tests/support/scenarios.py:131"
     assert "saved forward result is 0 at 5 of 25 positions" in f["explanation"]
     assert run.report["history"][0]["loss"] is None or run.report["history"][0]["loss"] != "nan"
 

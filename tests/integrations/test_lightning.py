@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 import debug_nan  # noqa: E402
 from debug_nan.errors import InputError  # noqa: E402
 from debug_nan.integrations.lightning import DebugNaNCallback  # noqa: E402
+from tests.support import models  # noqa: E402
 from tests.support.frameworks import tasks  # noqa: E402
 
 TASKS = tasks.__file__
@@ -164,7 +165,7 @@ def test_fp16_genuine_nan_gradient_is_a_finding():
 
 def test_optimizer_step_that_made_a_parameter_nan():
     callback = DebugNaNCallback(bundle=False)
-    module = lit(tasks.Gated, tasks.mse_loss, lambda p: torch.optim.Adam(p, lr=1e-2, eps=0.0))
+    module = lit(models.Gated, tasks.mse_loss, lambda p: torch.optim.Adam(p, lr=1e-2, eps=0.0))
     fit(module, tasks.plain_batches(), callback)
     f = callback.finding
     assert (f.step, f.phase, f.cause) == (1, "optimizer", "nonfinite_parameter")

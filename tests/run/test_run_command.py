@@ -17,7 +17,7 @@ from tests.support import models
 torch.manual_seed(0)
 model = models.Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-for batch in models.batches(empty_at=(2,)):
+for batch in models.batches(labels=True, empty_at=(2,)):
     loss = models.regression_loss(model, batch)
     if torch.isnan(loss):
         raise ValueError("the loss is NaN")
@@ -31,7 +31,7 @@ from tests.support import models
 
 model = models.Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-models.regression_loss(model, models.batches(n=1)[0]).backward()
+models.regression_loss(model, models.batches(labels=True, n=1)[0]).backward()
 print("never")
 """
 
@@ -41,7 +41,7 @@ from tests.support import models
 torch.manual_seed(0)
 model = models.Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-for i, batch in enumerate(models.batches()):
+for i, batch in enumerate(models.batches(labels=True)):
     loss = models.regression_loss(model, batch)
     batch["tokens"] if i == 2 else None
     loss.backward()
@@ -58,7 +58,7 @@ def main():
     torch.manual_seed(0)
     model = models.Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for batch in models.batches(empty_at=(2,)):
+    for batch in models.batches(labels=True, empty_at=(2,)):
         models.regression_loss(model, batch).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -124,7 +124,7 @@ def test_python_m_and_a_console_script(tmp_path, run_here, monkeypatch, form):
     done, _, stderr = run_here(*command)
     assert done.code == 1, done.output
     assert (done.first["step"], done.first["op"], done.first["source"]) == (3, "aten._softmax.default",
-                                                                          "tests/support/models.py:21")
+                                                                          "tests/support/models.py:35")
     assert f"({'module' if form == 'module' else 'entry point'};" in stderr
 
 

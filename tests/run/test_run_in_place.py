@@ -61,7 +61,7 @@ torch.manual_seed(0)
 model = models.Net()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-for step, batch in enumerate(models.batches(empty_at=(2,))[:steps], start=1):
+for step, batch in enumerate(models.batches(labels=True, empty_at=(2,))[:steps], start=1):
     loss = models.regression_loss(model, batch)
     loss.backward()
     optimizer.step()

@@ -12,7 +12,7 @@ torch.manual_seed(0)
 model = models.Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)  # scaled gradients overflow float16 at first
-for batch in models.batches(empty_at=(5,)):
+for batch in models.batches(labels=True, empty_at=(5,)):
     with torch.autocast("cpu", dtype=torch.float16):
         loss = models.regression_loss(model, batch)
     scaler.scale(loss).backward()

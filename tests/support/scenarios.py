@@ -4,78 +4,47 @@ Run any of them from the CLI, e.g.
     debug-nan --task tests/support/scenarios.py:masked_softmax --max-steps 3 --report r.json
 """
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-D = 8
+ROOT = str(Path(__file__).resolve().parents[2])  # the repository: a --task file is loaded by path, maybe elsewhere
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests.support import models  # noqa: E402
+
+D = models.D
 
 
 def _mse(model, batch):
     return F.mse_loss(model(batch["x"]), batch["y"])
 
 
-class MaskedAttention(nn.Module):
-    """Single-head attention with a key mask [B, L]; no guard against rows whose keys are all masked."""
-
-    def __init__(self):
-        super().__init__()
-        self.qk = nn.Linear(D, 2 * D)
-
-    def forward(self, x, valid):
-        q, k = self.qk(x).chunk(2, dim=-1)
-        scores = (q @ k.transpose(1, 2)) / D ** 0.5
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        return torch.softmax(scores, dim=-1) @ x
-
-
-class Encoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(D, D)
-        self.attn = MaskedAttention()
-        self.head = nn.Linear(D, 1)
-
-    def forward(self, x, valid):
-        return self.head(self.attn(self.embed(x), valid)).squeeze(-1)
-
-
-def _masked_batches(n=4, empty_at=(), seed=0):
-    """n batches of x [4, 6, D]; batch i has sample 2's keys all masked when i is in empty_at."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        valid = torch.ones(4, 6, dtype=torch.bool)
-        valid[:, 4:] = False  # ordinary padding: still some valid keys per row
-        if i in empty_at:
-            valid[2] = False
-        out.append({"x": torch.randn(4, 6, D, generator=g), "valid": valid, "y": torch.randn(4, 6, generator=g),
-                    "sample_ids": [f"s{i}_{j}" for j in range(4)]})
-    return out
-
-
-def _encoder_loss(model, batch):
-    pred = model(batch["x"], batch["valid"])
-    return ((pred - batch["y"]) ** 2 * batch["valid"]).sum() / batch["valid"].sum().clamp_min(1)
+def _masked(n=4, **at):
+    """The masked-attention batches of these scenarios: 4 unless said, with sample ids (models.batches)."""
+    return models.batches(n=n, sample_ids=True, **at)
 
 
 def masked_softmax():
     torch.manual_seed(0)
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(empty_at=(0,)), loss=_encoder_loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(empty_at=(0,)), loss=models.regression_loss)
 
 
 def healthy_masks():
     """-inf masks everywhere, but every row keeps a valid key: must come out clean."""
     torch.manual_seed(0)
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(), loss=_encoder_loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(), loss=models.regression_loss)
 
 
 def accumulation():
     """8 batches; only the 7th (step 2, micro-batch 3 under accumulation 4) has an all-masked sample."""
     torch.manual_seed(0)
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=8, empty_at=(6,)), loss=_encoder_loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(n=8, empty_at=(6,)), loss=models.regression_loss)
 
 
 def raises_on_nan():
@@ -86,9 +55,9 @@ def raises_on_nan():
         pred = model(batch["x"], batch["valid"])
         if torch.isnan(pred).any():
             raise ValueError(f"NaN values found in predictions with shape {tuple(pred.shape)}")
-        return _encoder_loss(model, batch)
+        return models.regression_loss(model, batch)
 
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(empty_at=(1,)), loss=loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(empty_at=(1,)), loss=loss)
 
 
 class Classifier(nn.Module):
@@ -231,18 +200,9 @@ def adam_eps_zero():
     """Adam with eps=0 and a parameter whose gradient is exactly 0: the update is 0/0 in the optimizer."""
     torch.manual_seed(0)
 
-    class Gated(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.main = nn.Linear(D, 1)
-            self.unused_scale = nn.Parameter(torch.ones(1))
-
-        def forward(self, x):
-            return self.main(x).squeeze(-1) + 0.0 * self.unused_scale
-
     g = torch.Generator().manual_seed(7)
     batches = [{"x": torch.randn(8, D, generator=g), "y": torch.randn(8, generator=g)} for _ in range(2)]
-    return SimpleNamespace(model=Gated(), batches=batches, loss=_mse,
+    return SimpleNamespace(model=models.Gated(), batches=batches, loss=_mse,
                            optimizer=lambda params: torch.optim.Adam(params, lr=1e-2, eps=0.0))
 
 
@@ -312,14 +272,14 @@ def ddp_poisoned_rank1():
     """For a 2-rank run: micro-batches are dealt out alternately, so batch 3 (with an all-masked sample) is
     rank 1's second micro-batch; rank 0 never sees it."""
     torch.manual_seed(0)
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=4, empty_at=(3,)), loss=_encoder_loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(empty_at=(3,)), loss=models.regression_loss)
 
 
 def ddp_raises_on_rank1():
     """2 ranks: rank 1's second micro-batch makes NaN and its loss raises (AAM style); rank 0 is healthy and
     must not hang in the gradient all-reduce."""
     base = raises_on_nan()
-    base.batches = _masked_batches(n=4, empty_at=(3,))
+    base.batches = _masked(empty_at=(3,))
     return base
 
 
@@ -344,21 +304,21 @@ def fp16_scaler_overflow():
 def ddp_one_batch():
     """A single micro-batch for 2 ranks: dealt out across passes, both ranks still train."""
     torch.manual_seed(0)
-    return SimpleNamespace(model=Encoder(), batches=_masked_batches(n=1), loss=_encoder_loss)
+    return SimpleNamespace(model=models.Net(), batches=_masked(n=1), loss=models.regression_loss)
 
 
 def ddp_raises_before_forward():
     """Rank 1's second micro-batch makes its loss raise before the model runs: the other rank must not hang."""
     torch.manual_seed(0)
-    batches = _masked_batches(n=4)
+    batches = _masked()
     batches[3]["bad"] = True
 
     def loss(model, batch):
         if batch.get("bad"):
             raise KeyError("column 'y2' missing from this batch")
-        return _encoder_loss(model, batch)
+        return models.regression_loss(model, batch)
 
-    return SimpleNamespace(model=Encoder(), batches=batches, loss=loss)
+    return SimpleNamespace(model=models.Net(), batches=batches, loss=loss)
 
 
 def one_shot_generator():

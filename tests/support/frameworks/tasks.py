@@ -4,59 +4,23 @@ that the Lightning / HF tests train, so the CLI's finding can be compared with t
     debug-nan --task tests/support/frameworks/tasks.py:masked_attention --max-steps 5 --max-grad-norm 0 --warmup-steps 0
 """
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-D = 8
+ROOT = str(Path(__file__).resolve().parents[3])  # the repository: a --task file is loaded by path, maybe elsewhere
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# the masked-attention net, its batches and its loss: tests/support/models.py
+from tests.support.models import D, Net  # noqa: E402
+from tests.support.models import batches as masked_batches  # noqa: E402
+from tests.support.models import regression_loss as net_loss  # noqa: E402
+
 LR = 1e-2
-
-
-class MaskedAttention(nn.Module):
-    """Single-head attention with a key mask [B, L]; no guard against a query row whose keys are all masked."""
-
-    def __init__(self):
-        super().__init__()
-        self.qk = nn.Linear(D, 2 * D)
-
-    def forward(self, x, valid):
-        q, k = self.qk(x).chunk(2, dim=-1)
-        scores = (q @ k.transpose(1, 2)) / D ** 0.5
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        return torch.softmax(scores, dim=-1) @ x
-
-
-class Net(nn.Module):
-    """x [B, L, D], valid [B, L] -> [B, L]. The Lightning test module inherits it, so parameter and module names
-    are the same in both runs."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(D, D)
-        self.attn = MaskedAttention()
-        self.head = nn.Linear(D, 1)
-
-    def forward(self, x, valid):
-        return self.head(self.attn(self.embed(x), valid)).squeeze(-1)
-
-
-def net_loss(model, batch):
-    pred = model(batch["x"], batch["valid"])
-    return ((pred - batch["y"]) ** 2 * batch["valid"]).sum() / batch["valid"].sum().clamp_min(1)
-
-
-def masked_batches(n=8, empty_at=(), seed=0):
-    """n batches {x [4, 6, D], valid [4, 6], y [4, 6]}; in batch i (i in empty_at) sample 2 has no valid key."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        valid = torch.ones(4, 6, dtype=torch.bool)
-        valid[:, 4:] = False  # ordinary padding: every row keeps valid keys
-        if i in empty_at:
-            valid[2] = False
-        out.append({"x": torch.randn(4, 6, D, generator=g), "valid": valid, "y": torch.randn(4, 6, generator=g)})
-    return out
 
 
 def optimizer(params):
@@ -75,7 +39,6 @@ def healthy():
 def masked_attention():
     """Batch 3 (0-based) has an all-masked sample: step 4 without accumulation, step 2 micro-batch 2 with 2."""
     return _task((3,))
-
 
 
 def net_loss_refusing_nan(model, batch):
@@ -125,18 +88,6 @@ class Distances(nn.Module):
 def distance_loss(model, batch):
     d = model(batch["x"])
     return ((d.float() - 1.0) ** 2).mean()  # in float32, as a loss should be under fp16 autocast
-
-
-class Gated(nn.Module):
-    """A parameter whose gradient is exactly 0: with Adam eps=0 its update is 0/0 in the optimizer step."""
-
-    def __init__(self):
-        super().__init__()
-        self.main = nn.Linear(D, 1)
-        self.unused_scale = nn.Parameter(torch.ones(1))
-
-    def forward(self, x):
-        return self.main(x).squeeze(-1) + 0.0 * self.unused_scale
 
 
 def mse_loss(model, batch):

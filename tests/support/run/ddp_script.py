@@ -39,7 +39,7 @@ torch.manual_seed(0)
 model = DistributedDataParallel(models.Net())
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e3 if args.bug == "lr" else args.lr)
 at = {"masked": {"empty_at": (1 * world + 1,)}, "overflow": {"big_at": (2 * world, 2 * world + 1)}}
-data = models.batches(n=args.steps * world, **at.get(args.bug, {}))[rank::world]
+data = models.batches(labels=True, n=args.steps * world, **at.get(args.bug, {}))[rank::world]
 if args.bug == "nan-batch" and rank == 1:
     data[1]["x"][3, 0, 0] = float("nan")  # a corrupt value in rank 1's batch of step 2
 if args.noise_on_rank1 and rank == 1:

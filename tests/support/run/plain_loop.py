@@ -28,7 +28,7 @@ classes = 3 if args.bug == "unlabelled" else 1
 model = models.Net(classes)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 at = {"masked": {"empty_at": (3,)}, "overflow": {"big_at": (3,)}, "unlabelled": {"unlabelled_at": (3,)}}
-data = models.batches(**at.get(args.bug, {}))
+data = models.batches(labels=True, **at.get(args.bug, {}))
 if args.unseeded_noise:
     noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     for batch in data:

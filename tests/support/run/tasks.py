@@ -14,7 +14,7 @@ LR = 1e-2
 
 def _task(classes=1, loss=models.regression_loss, lr=LR, **at):
     torch.manual_seed(0)
-    return SimpleNamespace(model=models.Net(classes), batches=models.batches(**at), loss=loss,
+    return SimpleNamespace(model=models.Net(classes), batches=models.batches(labels=True, **at), loss=loss,
                            optimizer=lambda params: torch.optim.AdamW(params, lr=lr))
 
 

@@ -3,13 +3,19 @@
     debug-nan --task tests/support/tasks/users_run.py:sgd_lr5 --max-steps 20 --explosion-threshold 1e300
 """
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-D = 8
+ROOT = str(Path(__file__).resolve().parents[3])  # the repository: a --task file is loaded by path, maybe elsewhere
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests.support.models import D, MaskedAttention  # noqa: E402
 
 
 def _regression(seed: int, n: int = 16, scale: float = 1.0) -> list[dict]:
@@ -92,21 +98,9 @@ def mutating_loss():
     return SimpleNamespace(model=nn.Linear(D, 1), batches=batches, loss=loss)
 
 
-class MaskedAttention(nn.Module):
-    """Single-head attention with a key mask [B, L]; no guard against rows whose keys are all masked."""
-
-    def __init__(self):
-        super().__init__()
-        self.qk = nn.Linear(D, 2 * D)
-
-    def forward(self, x, valid):
-        q, k = self.qk(x).chunk(2, dim=-1)
-        scores = (q @ k.transpose(1, 2)) / D ** 0.5
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        return torch.softmax(scores, dim=-1) @ x
-
-
 class Encoder(nn.Module):
+    """x [B, L, D], valid [B, L] -> [B, L]: the shared MaskedAttention, then a head (no embedding)."""
+
     def __init__(self):
         super().__init__()
         self.attn = MaskedAttention()
