@@ -1,7 +1,7 @@
 """NaN/Inf bugs reported in public projects, rebuilt as `--task` plug-ins (code nobody on this team wrote).
 
 Each factory names the thread it rebuilds and the origin expected from first principles; the expectations are
-asserted in tests/checks/test_public_bugs.py. Run one by hand, e.g.
+asserted in tests/e2e/cli/test_public_bugs.py. Run one by hand, e.g.
     debug-nan --task tests/support/public_bugs.py:where_exp_overflow --max-steps 2 --device cpu
 """
 

@@ -1,6 +1,6 @@
 """NaN/Inf bugs of public reports where the NaN lives in STATE (buffers, a learning rate in `param_groups`, a
 checkpoint) or where the tracer once misread it, rebuilt as `--task` plug-ins. Each factory names the thread it
-rebuilds and the origin expected from first principles; tests/checks/test_state_bugs.py asserts them, and each
+rebuilds and the origin expected from first principles; tests/e2e/cli/test_state_bugs.py asserts them, and each
 bug's fixed version is clean. Run one by hand, e.g.
     debug-nan --task tests/support/state_bugs.py:vqvae_ema_dead_code --max-steps 3 --device cpu
 """

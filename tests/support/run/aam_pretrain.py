@@ -18,7 +18,7 @@ from importlib.machinery import ModuleSpec
 
 import torch
 
-sys.path.insert(0, os.environ["DEBUG_NAN_AAM_DIR"])  # the AAM checkout (see tests/run/test_run_aam.py)
+sys.path.insert(0, os.environ["DEBUG_NAN_AAM_DIR"])  # the AAM checkout (see tests/e2e/run/test_run_aam.py)
 try:
     import sklearn.metrics  # noqa: F401
 except ImportError:  # only AAM's validation metrics use it

@@ -1,5 +1,5 @@
 """One script run twice in fresh processes: plain `python SCRIPT` and `python -m debug_nan run -- python SCRIPT`,
-from the same folder, so that a test compares their stdout and exit codes (tests/run/test_run_*.py)."""
+from the same folder, so that a test compares their stdout and exit codes (tests/e2e/run/test_run_*.py)."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """--task plug-ins with the depth of a 7B Llama at toy width: 32 blocks of (RMSNorm, q/k/v/o projections, RMSNorm,
 gate/up/down projections), 291 modules that own parameters. For the history table (one screen at any depth), the
-log width and the TensorBoard export (tests/report/)."""
+log width and the TensorBoard export (tests/unit/presentation/, tests/e2e/cli/)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,5 @@
 """--task plug-ins with a validation pass: a user's own nn.TransformerEncoder whose padded batches meet torch's
-inference fast path only in eval() + no_grad (tests/train/test_eval.py)."""
+inference fast path only in eval() + no_grad (tests/e2e/cli/test_eval.py)."""
 
 import torch
 from torch import nn

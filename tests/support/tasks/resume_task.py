@@ -1,6 +1,6 @@
 """A --task whose NaN depends on how far training got: the weight grows every step until log(2 - w x) < 0.
 
-The plain loop in tests/train/test_checkpoint.py trains it, saves a checkpoint at step k, and finds the first NaN
+The plain loop in tests/e2e/cli/test_checkpoint.py trains it, saves a checkpoint at step k, and finds the first NaN
 loss at step k + j; debug-nan resumed from that checkpoint must report step k + j."""
 
 import torch
