@@ -12,14 +12,14 @@ from pathlib import Path
 from gpu_check_probes import NO_CUDA, all_masked_sdpa, encoder_fast_path_nan, watch_syncs
 
 REPO = Path(__file__).resolve().parents[1]
-CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: tests/test_gpu_check.py keeps this
-    # list whole), the diagnosis of the fused CUDA kernel's mask, and the watch's sync tests
-    "tests/checks/test_snapshot_modes.py::test_cuda_round_trip_and_where_the_copies_live",
-    "tests/checks/test_snapshot_modes.py::test_cuda_host_save_does_not_wait_for_the_copy",
-    "tests/checks/test_snapshot_modes.py::test_cuda_host_without_an_optimizer_copies_in_stream_order",
-    "tests/integrations/test_hf.py::test_fp16_scaler_overflow_is_not_a_finding_on_cuda",
-    "tests/checks/test_diagnose.py::test_sdpa_cuda_kernel_reads_attn_bias",
-    "tests/checks/test_watch_syncs.py",
+CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: tests/unit/scripts/test_gpu_check_items.py
+    # keeps this list whole), the diagnosis of the fused CUDA kernel's mask, and the watch's sync tests
+    "tests/unit/engine/replay/test_snapshot_modes.py::test_cuda_round_trip_and_where_the_copies_live",
+    "tests/unit/engine/replay/test_snapshot_modes.py::test_cuda_host_save_does_not_wait_for_the_copy",
+    "tests/unit/engine/replay/test_snapshot_modes.py::test_cuda_host_without_an_optimizer_copies_in_stream_order",
+    "tests/e2e/frameworks/test_hf.py::test_fp16_scaler_overflow_is_not_a_finding_on_cuda",
+    "tests/unit/engine/explain/test_diagnose.py::test_sdpa_cuda_kernel_reads_attn_bias",
+    "tests/unit/engine/watch/test_watch_syncs.py",
 ]
 
 
@@ -191,7 +191,7 @@ def oom(check, item) -> None:
 
 def memory(check, item) -> None:
     """Peak memory watched vs plain, each --snapshot mode (scripts/bench_memory.py, each run its own process)."""
-    runs = ([("aam-tiny", "plain,host")] if check.quick  # (the GPT sizes: tests/test_benchmarks.py)
+    runs = ([("aam-tiny", "plain,host")] if check.quick  # (the GPT sizes: tests/e2e/scripts/test_benchmarks.py)
             else [("aam", "plain,host,device,params,off"), ("100m", "plain,host,device,params,off")])
     said = []
     for size, modes in runs:
@@ -214,7 +214,7 @@ def memory(check, item) -> None:
 def overhead(check, item) -> None:
     """watch / Monitor / trace / detect_anomaly ratios to a plain step, modes side by side in one process per shape,
     order rotated (scripts/bench_overhead.py)."""
-    shapes = ([("aam", ["--config", "configs/tiny.toml"])] if check.quick  # (the presets: tests/test_benchmarks.py)
+    shapes = ([("aam", ["--config", "configs/tiny.toml"])] if check.quick  # (the presets: tests/unit/scripts/)
               else [("aam", ["--config", "configs/aam.toml"]), ("deep", []), ("gpt2", [])])
     said = []
     for model, extra in shapes:

@@ -62,7 +62,7 @@ def watch_syncs(check, item) -> None:
     from debug_nan.engine.watch.watch import Watch
     from debug_nan.presentation.log import Log
     from debug_nan.settings import build_settings
-    from tests.checks.test_watch_syncs import HostSyncs, batches, model_without_syncs, mse
+    from tests.unit.engine.watch.test_watch_syncs import HostSyncs, batches, model_without_syncs, mse
 
     device = torch.device(check.device)
     on_device = [move_to(b, device) for b in batches(3)]

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Run the test suite; pytest's closing line says how many passed. Works alone on a fresh clone: it uses the active
 # virtualenv/conda env when debug-nan and pytest are installed there, else ./.venv, which it creates with
-# scripts/setup.sh when it is missing. Extra arguments go to pytest: `bash scripts/test.sh -m "not e2e"` runs only
-# the fast unit layer. With pytest-xdist installed (the test extras) the tests run in one worker per core (most of
-# the end-to-end ones start Python processes of their own), each torch on one thread unless OMP_NUM_THREADS is set;
+# scripts/setup.sh when it is missing. With no argument it runs both layers, tests/unit and tests/e2e, in one pytest
+# (pyproject.toml's testpaths), so that pytest-xdist balances them; arguments go to pytest: `bash scripts/test.sh
+# tests/unit` (or `-m "not e2e"`) runs only the fast unit layer, `bash scripts/test.sh tests/e2e/cli` one group of
+# the end-to-end layer. With pytest-xdist installed (the test extras) the tests run in one worker per core (many
+# end-to-end ones start Python processes of their own), each torch on one thread unless OMP_NUM_THREADS is set;
 # DEBUG_NAN_TEST_WORKERS=N sets the workers (1: in this process, no xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +26,4 @@ if [[ "$WORKERS" -gt 1 ]] && "$PY" -c "import xdist" 2>/dev/null; then
     PARALLEL=(-n "$WORKERS" --dist loadgroup)  # (tests that share one costly fixture are marked xdist_group)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
-exec "$PY" -m pytest tests ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"
+exec "$PY" -m pytest ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

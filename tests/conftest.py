@@ -1,37 +1,27 @@
-import json
+"""What both layers share: the isolation every test runs in, the tiny synthetic data set, the paths of the
+repository, and the console entry point in a fresh process. The layers: tests/unit (fast, in this process: `pytest
+tests/unit`, or `-m "not e2e"`) and tests/e2e (whole jobs through an entry point, marked `e2e` by its conftest);
+what both import lives in tests/support."""
+
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from debug_nan.aam.data.synthetic import synthesize
-from debug_nan.app.cli import main
+from tests.support import REPO, SUPPORT
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.toml")
-SCENARIOS = REPO / "tests" / "scenarios.py"
-
-
-# modules whose every test runs the tool end to end (a subprocess, torchrun, a script)
-E2E_MODULES = {"test_cli", "test_distributed", "test_remote_script", "test_benchmarks", "test_bundle"}
-
-
-def pytest_collection_modifyitems(items):
-    """Mark the end-to-end tests (through the CLI or a subprocess) `e2e`: `pytest -m "not e2e"` is the fast
-    unit layer."""
-    for item in items:
-        if "run_cli" in getattr(item, "fixturenames", ()) or item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
-            item.add_marker(pytest.mark.e2e)
+SCENARIOS = SUPPORT / "scenarios.py"
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DEBUG_NAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
     # log lines unwrapped, so that tests find messages that name long temporary paths on one line; the tests of
-    # the 100-column log (tests/report/test_log_width.py) set the width back
+    # the 100-column log (tests/unit/presentation/test_log_width.py) set the width back
     monkeypatch.setenv("DEBUG_NAN_LOG_WIDTH", "0")
 
 
@@ -50,31 +40,6 @@ def _distribution_validation_restored():
 def tiny_data():
     """24 samples, richness 3..48 ASVs against a token limit of 24."""
     return synthesize(24, 24, seed=3)
-
-
-class Run:
-    def __init__(self, code: int, output: str, report: dict | None):
-        self.code, self.output, self.report = code, output, report
-
-    @property
-    def first(self) -> dict:
-        return self.report["first_nonfinite"]
-
-
-@pytest.fixture
-def run_cli(tmp_path, monkeypatch):
-    """Run `debug-nan ARGS` in-process in an empty folder (no ./data), with --report; returns a Run."""
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> Run:
-        report = tmp_path / "report.json"
-        if report.exists():
-            report.unlink()
-        result = CliRunner().invoke(main, [*args, "--report", str(report)], catch_exceptions=False)
-        data = json.loads(report.read_text()) if report.exists() and report.stat().st_size else None
-        return Run(result.exit_code, result.output, data)
-
-    return run
 
 
 def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

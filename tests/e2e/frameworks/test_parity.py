@@ -1,0 +1,170 @@
+"""One bug, one answer: the planted bugs of parity.py on one tiny GPT-2, through `--task`, `debug_nan.Monitor`, the
+Lightning callback, the HF Trainer callback and `debug-nan run` of an unmodified script (a plain loop, Lightning,
+the HF Trainer: tests/support/frameworks/parity_script.py). Every entry point drives the same step session, so step,
+micro-batch, phase and cause must agree everywhere, and module and op wherever the framework computes the same
+thing (the exceptions are listed in DIFFERS, each with its reason).
+
+The expected values, from first principles:
+- explosion_by_lr: AdamW at lr 1e4 moves every weight by ~1e4 in step 1, so step 2's gradient norm is ~1e5x step
+  1's, past the 1e4 threshold and the 1e3 growth: `gradient_explosion` at step 2 (no op: nothing is non-finite).
+- every_label_ignored: batch 3 has no labelled token; the mean cross-entropy over 0 tokens is 0/0 at step 3:
+  `div_by_zero` in GPT-2's forward (it computes its loss there).
+- overflow_by_scaled_weight: `h.1.mlp.c_fc` weights of +-2e38 times O(1) inputs summed over 16 features exceed
+  float32's 3.4e38 in its addmm, at the first forward: `overflow`, step 1.
+- nan_batch: batch 2's inputs_embeds holds a NaN before the model runs: `nonfinite_input`, phase data, step 2.
+- optimizer_divides_by_zero: positions 8..15 of `wpe` never get a gradient; Adam with eps 0 divides 0 by
+  sqrt(0) + 0 in step 1's update: phase optimizer, `nonfinite_parameter`, the addcdiv in `wpe`.
+- overflow_at_micro_2_of_2: batch 4 = step 2, micro-batch 2 of 2 holds finite 1e38 features; h.0.ln_1's variance
+  squares them past float32's range: forward, h.0.ln_1, native_layer_norm.
+"""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+pl = pytest.importorskip("lightning.pytorch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from torch.utils.data import DataLoader  # noqa: E402
+
+import debug_nan  # noqa: E402
+from debug_nan.app.cli import main  # noqa: E402
+from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
+from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
+from tests.support.frameworks import parity  # noqa: E402
+
+EXPECTED = {  # name -> (step, micro_step, phase, cause, module, op)
+    "explosion_by_lr": (2, 1, "backward", "gradient_explosion", "transformer.wte", None),
+    "every_label_ignored": (3, 1, "forward", "div_by_zero", "", "aten.nll_loss_forward.default"),
+    "overflow_by_scaled_weight": (1, 1, "forward", "overflow", "transformer.h.1.mlp.c_fc", "aten.addmm.default"),
+    "nan_batch": (2, 1, "data", "nonfinite_input", "", None),
+    "optimizer_divides_by_zero": (1, 1, "optimizer", "nonfinite_parameter", "transformer.wpe",
+                                  "aten.addcdiv_.default"),
+    "overflow_at_micro_2_of_2": (2, 2, "forward", "overflow", "transformer.h.0.ln_1",
+                                 "aten.native_layer_norm.default"),
+}
+# where a framework computes another thing than the plain loop, module / op are not compared (step, micro-batch,
+# phase and cause still are)
+DIFFERS = {
+    # the HF Trainer passes num_items_in_batch: GPT-2 then sums the token losses and divides by the count, so the
+    # 0/0 is that division, not nll_loss's own mean
+    ("hf", "every_label_ignored"): ("", "aten.div.Tensor"),
+    ("run-hf", "every_label_ignored"): ("", "aten.div.Tensor"),
+}
+ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")  # and `debug-nan run` of a script using each (DRIVERS)
+
+
+def via_cli(name, run_cli, tmp_path):
+    steps, accumulate = parity.BUGS.get(name, (3, 1))
+    run = run_cli("--task", f"{parity.__file__}:{name}", "--max-steps", str(steps), "--device", "cpu",
+                  "--gradient-accumulation-steps", str(accumulate))
+    assert run.code == (0 if name == "healthy" else 1), run.output
+    return run.report["first_nonfinite"]
+
+
+def via_monitor(name, run_cli, tmp_path):
+    steps, accumulate = parity.BUGS.get(name, (3, 1))
+    model, batches, make_optimizer = parity.build(name)
+    optimizer = make_optimizer(model.parameters())
+    stream = itertools.cycle(batches)
+    try:
+        with debug_nan.Monitor(model, parity.lm_loss, optimizer, accumulation_steps=accumulate) as monitor:
+            for _ in range(steps):
+                for _ in range(accumulate):
+                    batch = next(stream)
+                    with monitor.step(batch) as watched:
+                        loss = parity.lm_loss(model, batch)
+                        watched.watch_loss(loss)
+                        (loss / accumulate).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    except debug_nan.NonFiniteError as error:
+        return error.finding.to_dict()
+    return None
+
+
+def via_lightning(name, run_cli, tmp_path):
+    steps, accumulate = parity.BUGS.get(name, (3, 1))
+    model, batches, make_optimizer = parity.build(name)
+
+    callback = LightningCallback()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None))
+    if callback.finding is None:
+        return None
+    found = callback.finding.to_dict()
+    # the LightningModule holds the model as `model`: the same module, one level down
+    found["module"] = found["module"].removeprefix("model.").removeprefix("model")
+    return found
+
+
+def via_hf(name, run_cli, tmp_path):
+    steps, accumulate = parity.BUGS.get(name, (3, 1))
+    model, batches, make_optimizer = parity.build(name)
+    samples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(parity.BATCH)]
+    optimizer = make_optimizer(model.parameters())
+    constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # the plain loop's constant lr
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=parity.BATCH,
+        gradient_accumulation_steps=accumulate, max_steps=steps, max_grad_norm=0.0, report_to=[],
+        save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, train_sampling_strategy="sequential",
+        logging_steps=1000)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, constant))
+    callback = HFCallback(trainer)
+    trainer.add_callback(callback)
+    trainer.train()
+    return callback.finding.to_dict() if callback.finding is not None else None
+
+
+def via_run(framework):
+    """`debug-nan run -- python parity_script.py FRAMEWORK BUG`: the user's own script, unmodified, watched from
+    outside (its re-execution under the tracer is a child process)."""
+
+    def run(name, run_cli, tmp_path):
+        report = tmp_path / "run.json"
+        script = str(Path(parity.__file__).with_name("parity_script.py"))
+        result = CliRunner().invoke(main, ["run", "--report", str(report), "--", "python", script, framework, name,
+                                           str(tmp_path / "out")], catch_exceptions=False)
+        assert result.exit_code == (0 if name == "healthy" else 1), result.output
+        return json.loads(report.read_text())["first_nonfinite"]
+
+    return run
+
+
+DRIVERS = {"cli": via_cli, "monitor": via_monitor, "lightning": via_lightning, "hf": via_hf,
+           "run": via_run("plain"), "run-lightning": via_run("lightning"), "run-hf": via_run("hf")}
+# `debug-nan run` of a Lightning / HF script costs two framework start-ups per case: the bugs the run issue names
+RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight")
+CASES = [(name, entry) for name in EXPECTED for entry in (*ENTRY_POINTS, "run")] + [
+    (name, entry) for name in RUN_FRAMEWORK_BUGS for entry in ("run-lightning", "run-hf")]
+
+
+@pytest.mark.parametrize("entry", (*ENTRY_POINTS, "run"))
+def test_healthy_control_is_clean_everywhere(entry, run_cli, tmp_path):
+    assert DRIVERS[entry]("healthy", run_cli, tmp_path) is None
+
+
+@pytest.mark.parametrize("name, entry", CASES)
+def test_the_same_bug_gives_the_same_finding(name, entry, run_cli, tmp_path):
+    found = DRIVERS[entry](name, run_cli, tmp_path)
+    assert found is not None, f"{entry} found nothing for {name}"
+    step, micro, phase, cause, module, op = EXPECTED[name]
+    assert (found["step"], found["micro_step"], found["phase"], found["cause"]) == (step, micro, phase, cause), \
+        (entry, found["explanation"])
+    module, op = DIFFERS.get((entry, name), (module, op))
+    assert (found["module"], found["op"]) == (module, op), (entry, found["explanation"])
+
+
+def test_api_advice_names_no_cli_flag():
+    """The Monitor's user cannot pass --max-grad-norm: the explosion advice says what to call instead."""
+    found = via_monitor("explosion_by_lr", None, None)
+    text = " ".join(found["suggestions"]) + found["explanation"]
+    assert "--" not in text.replace("---", ""), text
+    assert "clip_grad_norm_" in text and "explosion_threshold" in text

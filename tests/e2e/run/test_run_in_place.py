@@ -1,0 +1,156 @@
+"""`debug-nan run` answers in place: the failing micro-batch is replayed from the run's own state and the tape of
+the script's code around the model (drivers/run/tape.py), never by running the script again. Each script here is one
+shape of real loss code (a gradient penalty, two forwards per micro-batch, a compiled model, files written every
+step), with its NaN's origin derived by hand."""
+
+import csv
+
+import pytest
+import torch
+
+from tests.support import REPO
+
+PENALTY = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+critic = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+optimizer = torch.optim.SGD(critic.parameters(), lr=0.01)
+for step in range(1, 5):
+    x = torch.randn(16, 4) * (1e6 if step == 3 else 1.0)  # every tanh saturated: d out / d x is exactly 0
+    x.requires_grad_(True)
+    out = critic(x)
+    (grad_x,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    penalty = grad_x.pow(2).sum().sqrt()  # a gradient penalty: its backward divides by sqrt(0) here
+    loss = out.pow(2).mean() + 0.1 * penalty
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
+CONTRASTIVE = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+encoder = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8))
+optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
+for step in range(1, 5):
+    x = torch.randn(8, 6)
+    view1, view2 = x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)
+    temperature = torch.tensor(0.0 if step == 3 else 0.1)  # a schedule that reaches 0
+    z1, z2 = F.normalize(encoder(view1), dim=-1), F.normalize(encoder(view2), dim=-1)
+    logits = z1 @ z2.T / temperature
+    loss = F.cross_entropy(logits, torch.arange(8))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
+FILES = """import csv
+import sys
+
+import torch
+from tests.support import models
+
+torch.manual_seed(0)
+model = models.Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+for step, batch in enumerate(models.batches(labels=True, empty_at=(2,))[:steps], start=1):
+    loss = models.regression_loss(model, batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    torch.save(model.state_dict(), "checkpoint.pt")
+    with open("losses.csv", "a", newline="") as f:
+        csv.writer(f).writerow([step, f"{loss.item():.6f}"])
+"""
+
+COMPILED = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.proj(x)
+        e = torch.exp(h)  # a hand-written softmax: exp overflows float32 past 88.7
+        return e / e.sum(-1, keepdim=True)
+
+
+torch.manual_seed(0)
+model = torch.compile(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1, 5):
+    x = torch.randn(8, 4) * (1e3 if step == 3 else 1.0)
+    loss = model(x).pow(2).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_gradient_penalty_is_replayed_through_its_autograd_grad(tmp_path, run_here):
+    """torch.autograd.grad inside the loss code, with respect to the model's own input (a leaf that requires
+    grad): recorded and called again. At step 3 every tanh is saturated, the input gradient is exactly 0, and
+    the penalty's sqrt has an infinite derivative there."""
+    (tmp_path / "penalty.py").write_text(PENALTY)
+    done, stdout, _ = run_here("python", "penalty.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["micro_step"], first["phase"], first["cause"]) == (
+        3, 1, "backward", "grad_at_singularity")
+    assert first["backward_node"] == "SqrtBackward0" and first["source"] == "penalty.py:12"
+    assert stdout.count("\n") == 2 and stdout.startswith("step 1 loss ")
+
+
+def test_two_forwards_per_micro_batch_are_replayed_with_their_outside_tensors(tmp_path, run_here):
+    """A contrastive pair (the model called twice) and a temperature tensor made outside the model: the division
+    by the 0 temperature is the origin, in the loss code, at its own line."""
+    (tmp_path / "contrastive.py").write_text(CONTRASTIVE)
+    done, _, _ = run_here("python", "contrastive.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["phase"], first["op"], first["cause"], first["source"]) == (
+        3, "loss", "aten.div.Tensor", "div_by_zero", "contrastive.py:13")
+
+
+def test_files_the_script_writes_are_left_as_the_plain_run_left_them(tmp_path, run_here):
+    """No second writer: the checkpoint and the CSV after the stop are exactly what the plain run writes up to the
+    failing step (its step 3 never wrote them)."""
+    (tmp_path / "files.py").write_text(FILES)
+    done, _, _ = run_here("python", "files.py")
+    assert done.code == 1 and (done.first["step"], done.first["op"]) == (3, "aten._softmax.default"), done.output
+    with open(tmp_path / "losses.csv") as f:
+        watched_rows = list(csv.reader(f))
+    watched_state = torch.load(tmp_path / "checkpoint.pt")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    import subprocess
+    import sys
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, str(tmp_path / "files.py"), "2"], cwd=plain, env=env, check=True)
+    with open(plain / "losses.csv") as f:
+        assert watched_rows == list(csv.reader(f)) and len(watched_rows) == 2
+    plain_state = torch.load(plain / "checkpoint.pt")
+    assert watched_state.keys() == plain_state.keys()
+    assert all(torch.equal(watched_state[k], plain_state[k]) for k in plain_state)
+
+
+def test_a_compiled_model_is_replayed_eagerly_and_its_op_named(tmp_path, run_here):
+    """torch.compile's fused kernel makes the NaN in the run; the replay runs the model eagerly under the tracer
+    and names the exp that overflowed."""
+    pytest.importorskip("torch._inductor")
+    (tmp_path / "compiled.py").write_text(COMPILED)
+    done, _, stderr = run_here("python", "compiled.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["phase"], first["module"], first["op"], first["cause"]) == (
+        3, "forward", "", "aten.exp.default", "overflow")
+    assert first["source"] == "compiled.py:12"

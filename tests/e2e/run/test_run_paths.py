@@ -1,0 +1,90 @@
+"""`debug-nan run`'s outputs never land on a file of the user's command: paths are absolute from the start (a
+script that chdirs does not move them), an existing file that is not debug-nan's is refused (exit 2), and a path
+the command opened or imported while it ran gets the output beside it (app/run_paths.py; the rule alone:
+tests/unit/app/test_run_paths.py)."""
+
+import json
+
+import pytest
+
+from debug_nan.app import run_paths as paths
+from debug_nan.errors import InputError
+from tests.support.run.side_by_side import TRAIN, plain, watched
+
+CHDIR = """import os
+os.chdir("work")
+with open("results.json") as f:
+    print(f.read(), flush=True)
+""" + TRAIN
+
+WRITES = TRAIN + """
+with open("results.json", "w") as f:
+    f.write("the script's own results")
+"""
+
+IMPORTS = """import helper
+""" + TRAIN + """print(helper.X)
+"""
+
+
+def test_relative_outputs_stay_where_debug_nan_started_when_the_script_chdirs(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "results.json").write_text('{"data": 1}')
+    (tmp_path / "train.py").write_text(CHDIR)
+    alone = plain("train.py", cwd=tmp_path)
+    done, report = watched("train.py", cwd=tmp_path, report="results.json", options=("--log", "debug.log"))
+    assert (alone.returncode, done.returncode) == (0, 0), done.stderr
+    assert done.stdout == alone.stdout and alone.stdout.startswith('{"data": 1}\nstep 0 loss')
+    assert (tmp_path / "work" / "results.json").read_text() == '{"data": 1}'
+    assert (report["status"], report["steps_run"]) == ("clean", 3)
+    assert (tmp_path / "debug.log").read_text().startswith("[debug-nan] run: python train.py")
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["results.json"]
+
+
+@pytest.mark.parametrize("option", ["--log", "--report"])
+def test_an_output_naming_a_module_the_script_imports_is_refused_and_the_module_untouched(tmp_path, option):
+    (tmp_path / "helper.py").write_text("X = 5\n")
+    (tmp_path / "train.py").write_text(IMPORTS)
+    options = ("--log", "helper.py") if option == "--log" else ()
+    done, report = watched("train.py", cwd=tmp_path, options=options,
+                           report="helper.py" if option == "--report" else "run.json")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert f"{option} {tmp_path / 'helper.py'} already exists and is not an earlier debug-nan output" in " ".join(
+        done.stderr.split())
+    assert (tmp_path / "helper.py").read_text() == "X = 5\n"
+
+
+def test_a_file_the_script_writes_at_the_report_path_is_kept_and_the_report_goes_beside_it(tmp_path):
+    (tmp_path / "train.py").write_text(WRITES)
+    alone = plain("train.py", cwd=tmp_path)
+    (tmp_path / "results.json").unlink()
+    done, _ = watched("train.py", cwd=tmp_path, report="results.json", options=("--log", "results.json.log"))
+    assert done.returncode == 0 and done.stdout == alone.stdout, done.stderr
+    assert (tmp_path / "results.json").read_text() == "the script's own results"
+    moved = tmp_path / "results.debug-nan.json"
+    assert json.loads(moved.read_text())["steps_run"] == 3
+    assert (f"--report {tmp_path / 'results.json'}: not written there (the command opened it while it ran); "
+            f"written to {moved} instead.") in " ".join(done.stderr.split())
+
+
+def test_an_earlier_debug_nan_log_and_report_are_replaced(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    watched("train.py", cwd=tmp_path, report="r.json", options=("--log", "d.log"))
+    first = (tmp_path / "d.log").read_text()
+    done, report = watched("train.py", cwd=tmp_path, report="r.json", options=("--log", "d.log"))
+    assert done.returncode == 0 and report["steps_run"] == 3, done.stderr
+    assert (tmp_path / "d.log").read_text().count("[debug-nan] run:") == 1 == first.count("[debug-nan] run:")
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_which_existing_files_debug_nan_may_replace(tmp_path):
+    cases = {"empty": ("", "--log", True), "log": ("[debug-nan] run: x\n", "--log", True),
+             "data.csv": ("a,b\n", "--log", False), "ours.json": ('{"status": "clean", "debug_nan": "0.1"}',
+                                                                  "--report", True),
+             "theirs.json": ('{"status": "clean"}', "--report", False), "bad.json": ("{", "--report", False)}
+    for name, (text, option, ok) in cases.items():
+        (tmp_path / name).write_text(text)
+        assert paths.replaceable(str(tmp_path / name), option) is ok, name
+    with pytest.raises(InputError, match="data.csv already exists"):
+        paths.refuse_foreign({"--log": str(tmp_path / "data.csv")})
+    paths.refuse_foreign({"--log": str(tmp_path / "log"), "--report": str(tmp_path / "new.json")})

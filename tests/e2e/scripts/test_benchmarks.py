@@ -1,0 +1,80 @@
+"""The benchmark scripts run and write the JSON they promise (no timing is asserted: only shapes and sanity)."""
+
+import json
+import math
+import subprocess
+import sys
+
+from tests.conftest import REPO, TINY
+
+
+def test_bench_overhead_writes_every_mode(tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
+                           "--config", TINY, "--repeats", "1", "--warmup", "0", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    modes = {"plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly",
+             "naive_hooks"}
+    assert set(data["ms_per_step"]) == set(data["ratio_to_plain"]) == modes
+    assert data["ratio_to_plain"]["plain"] == 1.0 and all(v > 0 for v in data["ms_per_step"].values())
+    assert data["device"].startswith("cpu") and data["model"] == "aam" and data["config"]["token_limit"] == 24
+    assert all(len(v) == 1 for v in data["samples_ms"].values())
+    assert "detect_anomaly" in proc.stdout and "naive_hooks" in proc.stdout
+
+
+def test_bench_overhead_model_preset_runs_the_watch(tmp_path):
+    out = tmp_path / "deep.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
+                           "--model", "deep", "--modes", "plain,watch", "--repeats", "1", "--warmup", "0", "--split",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert set(data["ms_per_step"]) == {"plain", "watch"}
+    assert (data["config"]["blocks"], data["config"]["d_model"], data["config"]["modules"]) == (24, 64, 295)
+    split = data["split_ms"]
+    assert len(split) == 5 and all(math.isfinite(v) for v in split.values())
+    assert split["parameters + optimizer state (watch_params)"] > 0 and "split of the watch" in proc.stdout
+
+
+def test_bench_data_writes_every_section(tmp_path):
+    out = tmp_path / "data.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_data.py"), "--device", "cpu", "--config",
+                           TINY, "--samples", "30", "--asvs", "90", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["tokenize"]["asvs"] > 0 and data["collate"]["batches_per_s"] > 0
+    for metric in ("unweighted", "weighted"):
+        assert data["unifrac"][metric]["max_abs_diff"] < 1e-9
+    memory = data["asv_chunk_memory"]
+    assert memory["4"]["saved_for_backward_mb"] < memory["None"]["saved_for_backward_mb"]
+
+
+def test_bench_memory_measures_every_mode_in_its_own_process(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_memory.py"), "--device", "cpu", "--sizes",
+                           "tiny", "--modes", "plain,host,off", "--steps", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["results"]] == ["plain", "host", "off"]
+    params = data["results"][0]["params"]
+    assert params == 17_376 and all(r["params"] == params for r in data["results"])  # the same model each time
+    assert all(r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0 and r["cuda_max_allocated_mb"] is None
+               for r in data["results"])
+    assert "x plain" in proc.stdout and "tiny" in proc.stdout
+
+
+def test_bench_ddp_times_every_mode_on_two_ranks(tmp_path):
+    out = tmp_path / "ddp.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_ddp.py"), "--model", "deep", "--accumulate",
+                           "2", "--repeats", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert set(data["ratio_to_plain"]) == {"plain_ddp", "watch", "watch_at_end"}
+    assert data["ratio_to_plain"]["plain_ddp"] == 1.0 and all(v > 0 for v in data["ms_per_step"].values())
+    assert data["buckets"] >= 1 and all(len(v) == 2 for v in data["samples_ms"].values())
+    assert "watch_at_end" in proc.stdout

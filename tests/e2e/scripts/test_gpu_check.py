@@ -1,0 +1,105 @@
+"""scripts/gpu_check.py on the CPU (--quick): every item runs or says why not, the JSON holds real values, the
+Markdown table is written, and --budget-s stops it cleanly. (On a GPU the same command runs at full size.)"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = str(REPO / "scripts" / "gpu_check.py")
+NO_CUDA = "skipped (no CUDA)"
+ITEMS = ["watch_syncs", "all_masked_sdpa", "demo_job", "cuda_tests", "gpt_run", "memory", "all_masked_encoder",
+         "oom", "overhead", "run_overhead"]
+
+
+def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, json.loads((out / "gpu-check.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc, report = gpu_check(out)
+    return proc, report, {i["name"]: i for i in report["items"]}, out
+
+
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
+def test_quick_run_passes_and_writes_json_and_table(quick):
+    proc, report, items, out = quick
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(items) == ITEMS
+    assert report["counts"] == {"pass": 9, "fail": 0, "skipped": 1, "not run": 0}
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["gpu"] is None and env["torch"].startswith("2.")
+    assert report["command"].startswith("python scripts/gpu_check.py --device cpu --quick")
+    for item in items.values():
+        assert set(item) == {"name", "title", "status", "reason", "summary", "figures", "commands", "seconds"}
+        assert item["seconds"] >= 0 and (item["commands"] or item["name"] == "oom")
+        assert all(c.startswith("python ") for c in item["commands"])
+    table = (out / "gpu-check.md").read_text()
+    assert "| check | result | figures | s |" in table and "no GPU: cpu" in table
+    assert all(item["title"] in table for item in items.values()) and "Left out: checklist 1" in table
+    assert (out / "gpu-check-files" / "demo_job").is_dir()  # every command's output is kept
+    assert items["watch_syncs"]["commands"] == ["python scripts/gpu_check.py --device cpu --quick --only watch_syncs"]
+
+
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
+def test_quick_run_figures_are_real(quick):
+    _, _, items, _ = quick
+    demo = items["demo_job"]["figures"]
+    for precision in ("fp32", "bf16", "fp16"):
+        assert (demo[precision]["exit"], demo[precision]["status"], demo[precision]["steps_run"]) == (0, "clean", 2)
+        broken = demo[f"{precision}-no-guards"]
+        assert (broken["exit"], broken["cause"], broken["phase"]) == (1, "all_masked_softmax", "forward")
+        assert demo[precision]["peak_cuda_mib"] == NO_CUDA
+    assert any("--no-guards" in c and "--precision fp16" in c for c in items["demo_job"]["commands"])
+    encoder = items["all_masked_encoder"]["figures"]
+    assert encoder["exit"] == 1 and encoder["fast_path_alone_gives_nan"] is True
+    assert (encoder["finding"]["cause"], encoder["finding"]["phase"]) == ("all_masked_softmax", "eval")
+    assert encoder["finding"]["op"] == "aten._transformer_encoder_layer_fwd.default"
+    sdpa = items["all_masked_sdpa"]["figures"]
+    assert sdpa["efficient"] == NO_CUDA and any("flash" in k for k in sdpa["flash"]["kernels"])
+    # torch's CPU kernel gives rows without a key zeros: nothing to find, and the Monitor found nothing
+    assert sdpa["flash"]["output_nonfinite"] is False and sdpa["flash"]["finding"] is None
+    gpt = items["gpt_run"]["figures"]
+    assert (gpt["exit"], gpt["step"], gpt["op"], gpt["cause"]) == (1, 3, "aten.div.Tensor", "div_by_zero")
+    syncs = items["watch_syncs"]["figures"]["entry_points"]
+    assert set(syncs) == {"Watch", "Monitor", "Trainer (accumulation 1)", "Trainer (accumulation 3)"}
+    assert all(r["dispatch_counter_per_micro_batch"] == 1 and r["cuda_syncs_per_micro_batch"] == NO_CUDA
+               for r in syncs.values())
+    tests = items["cuda_tests"]["figures"]["counts"]
+    assert tests["passed"] >= 6 and tests["skipped"] == 5 and "failed" not in tests
+    oom = items["oom"]
+    assert oom["status"] == "skipped" and oom["reason"].startswith(NO_CUDA) and not oom["commands"]
+
+
+@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
+def test_quick_run_benchmark_figures(quick):
+    _, _, items, _ = quick
+    memory = items["memory"]["figures"]["aam-tiny"]
+    assert memory["measure"] == "peak_rss_mb" and memory["plain"]["x_plain"] == 1.0 and memory["host"]["mb"] > 0
+    assert memory["host"]["cuda_max_allocated_mb"] == NO_CUDA and memory["parameters"] > 30_000
+    overhead = items["overhead"]["figures"]["aam"]
+    assert set(overhead["ratio_to_plain"]) == {"plain", "watch", "monitor", "trace", "detect_anomaly"}
+    assert overhead["ratio_to_plain"]["plain"] == 1.0 and overhead["host_syncs_per_watch_step"] == NO_CUDA
+    run = items["run_overhead"]["figures"]["tiny"]
+    assert run["plain_ms"] > 0 and run["run_ms"] > 0 and len(run["pairs"]) == 1
+
+
+def test_budget_stops_cleanly_and_lists_what_did_not_run(tmp_path):
+    start = time.monotonic()
+    proc, report = gpu_check(tmp_path, "--budget-s", "8", "--only", "watch_syncs,demo_job,overhead", timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - start < 60  # (8 s of budget; the rest is start-up)
+    items = {i["name"]: i for i in report["items"]}
+    assert list(items) == ["watch_syncs", "demo_job", "overhead"]
+    assert items["watch_syncs"]["status"] == "pass"  # started inside the budget
+    for name in ("demo_job", "overhead"):
+        assert items[name]["status"] == "not run" and items[name]["reason"].startswith("budget"), items[name]
+    assert report["counts"]["fail"] == 0 and (tmp_path / "gpu-check.md").exists()

@@ -1,0 +1,39 @@
+"""How `debug-nan run` reads the user's command (app/command.py): the forms of a command it resolves, what it says
+when one is wrong, and the exit codes as Python maps them."""
+
+
+import pytest
+
+from debug_nan.app.command import exit_code, resolve
+from debug_nan.errors import InputError
+
+
+def test_resolve_the_forms_of_a_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    script = resolve(["python", "-u", "train.py", "--lr", "3"])
+    assert (script.kind, script.target, script.argv) == ("script", str(tmp_path / "train.py"),
+                                                          ["train.py", "--lr", "3"])
+    assert resolve(["train.py"]).kind == "script"
+    module = resolve(["python3", "-m", "pkg.train", "--x"])
+    assert (module.kind, module.target, module.argv) == ("module", "pkg.train", ["pkg.train", "--x"])
+    entry = resolve(["debug-nan", "--version"])  # this package's own console script
+    assert (entry.kind, entry.target, entry.argv[1:]) == ("entry point", "debug_nan.app.cli:main", ["--version"])
+
+
+@pytest.mark.parametrize("words, message", [
+    ([], "needs the command to run after `--`"),
+    (["python", "missing.py"], "the script missing.py does not exist"),
+    (["python", "-c", "print(1)"], "other interpreter options are not supported"),
+    (["python", "-m"], "`python -m` needs a module name"),
+    (["no-such-program-19"], "no such script or console script"),
+])
+def test_resolve_says_what_is_wrong(tmp_path, monkeypatch, words, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(words)
+
+
+def test_exit_codes_as_python_maps_them(capsys):
+    assert (exit_code(None), exit_code(3)) == (0, 3)
+    assert exit_code("stopped: bad data") == 1 and capsys.readouterr().err == "stopped: bad data\n"

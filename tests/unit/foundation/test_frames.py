@@ -1,0 +1,32 @@
+"""debug_nan.frames: which frame is the user's, read from the package layout, and the exception described at the
+user's own line."""
+
+import os
+import traceback
+
+import torch
+
+from debug_nan.errors import describe_exception
+from debug_nan.frames import PACKAGE_DIR, TORCH_DIR, frame_kind, short_path
+
+
+def test_frame_kinds_from_the_package_layout():
+    assert frame_kind(os.path.join(PACKAGE_DIR, "engine", "trace", "tracer.py")) == "tool"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "drivers", "trainer", "loop.py")) == "tool"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "model", "attention.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "data", "batches.py")) == "user"
+    assert frame_kind(os.path.join(PACKAGE_DIR, "aam", "task.py")) == "user"
+    assert frame_kind(os.path.join(TORCH_DIR, "optim", "adam.py")) == "torch"
+    assert frame_kind(os.path.join(TORCH_DIR, "utils", "_python_dispatch.py")) == "plumbing"
+    assert frame_kind(__file__) == "user"
+
+
+def test_describe_exception_names_the_user_frame():
+    def users_code():
+        return torch.zeros(2) @ torch.zeros(3)  # raises inside torch
+
+    try:
+        users_code()
+    except RuntimeError as exc:
+        line = traceback.extract_tb(exc.__traceback__)[-1].lineno
+        assert describe_exception(exc).endswith(f"(at {short_path(__file__)}:{line})")
