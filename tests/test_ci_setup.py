@@ -8,10 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import tomllib
 
 import pytest
 
+from debug_nan.settings import tomllib  # (tomli on Python 3.10)
 from tests.conftest import REPO
 from tests.test_outputs import FAKE_PIP
 
