@@ -33,12 +33,16 @@ from contextlib import contextmanager
 
 import torch
 
-from debug_nan.checks.driver import TaskFailure
-from debug_nan.checks.finding import Finding
-from debug_nan.report.summary import finding_lines
-from debug_nan.train.precision import scaled_step
-from debug_nan.train.session import SessionPolicies, StepSession
-from debug_nan.train.task import split_loss
+from debug_nan import torch_support
+
+torch_support.require()  # the Monitor and the framework callbacks (which import this): one line, before the imports below
+
+from debug_nan.checks.driver import TaskFailure  # noqa: E402
+from debug_nan.checks.finding import Finding  # noqa: E402
+from debug_nan.report.summary import finding_lines  # noqa: E402
+from debug_nan.train.precision import scaled_step  # noqa: E402
+from debug_nan.train.session import SessionPolicies, StepSession  # noqa: E402
+from debug_nan.train.task import split_loss  # noqa: E402
 
 
 class NonFiniteError(RuntimeError):
