@@ -3,6 +3,7 @@ exits 2, the Monitor and the callbacks raise), a newer one than tested one note;
 behaviour differs between the supported versions is tested on both sides (the side this torch is on for real, the
 other through a stand-in of torch's API)."""
 
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,23 @@ def test_torchrun_records_terminated_workers_is_read_from_torchs_agent(newer, mo
     else:
         monkeypatch.delattr(api.SubprocessContext, "_capture_process_failures", raising=False)
     assert torch_support.torchrun_records_terminated_workers() == newer
+
+
+def _old_python() -> str | None:
+    import glob
+
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9.*/bin/python")))
+    return found[-1] if found else None
+
+
+@pytest.mark.skipif(_old_python() is None, reason="no Python 3.9 here (pyenv's)")
+def test_a_real_python_3_9_gets_the_line_and_exit_2():
+    done = subprocess.run([_old_python(), "-m", "debug_nan", "--version"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("debug-nan: error: debug-nan supports Python 3.10-3.13")
+    assert done.stderr.count("\n") == 1 and "found Python 3.9." in done.stderr
+
+
+def test_the_torch_of_this_suite_is_inside_the_tested_range():
+    """A newer torch in a leg (or the main leg's pin moved) is a reminder to move TORCH_NEWEST_TESTED with it."""
+    assert torch_support.torch_problem(torch.__version__) is None and torch_support.untested(torch.__version__) is None
