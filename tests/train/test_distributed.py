@@ -2,24 +2,22 @@
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
 
 from debug_nan import torch_support
 from tests.conftest import SCENARIOS, TINY
+from tests.ports import reserved_port
 
 
 def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedProcess, float]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={port}", "--master_addr=127.0.0.1", "-m", "debug_nan", *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    return proc, time.perf_counter() - start
+    with reserved_port() as port:  # (tests/ports.py: no concurrent job can be given it)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                               f"--master_port={port}", "--master_addr=127.0.0.1", "-m", "debug_nan", *args],
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        return proc, time.perf_counter() - start
 
 
 def rank_exit_codes(proc) -> dict[str, str]:
