@@ -11,10 +11,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the package tomli (a dependency there)
+    import tomli as tomllib
 
 from debug_nan.errors import InputError, describe_os_error
 

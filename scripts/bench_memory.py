@@ -21,6 +21,7 @@ increase over plain in units of the parameters' size (float32 bytes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,9 +42,19 @@ SIZES = {  # bench_models.LMShape fields; about 5M and 50M parameters (and a tin
 AAM_SIZES = {"aam": REPO / "configs" / "aam.toml", "aam-tiny": REPO / "configs" / "tiny.toml"}
 
 
+@contextlib.contextmanager
+def chdir(path):
+    """contextlib.chdir, which Python 3.10 lacks."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def build(size: str, steps: int):
     """(model, one batch, loss(model, batch) -> scalar, the task for the watched modes, its settings' config)."""
-    import contextlib
     import io
     import tempfile
 
@@ -58,7 +69,7 @@ def build(size: str, steps: int):
     torch.manual_seed(0)
     if size in AAM_SIZES:
         settings = build_settings(str(AAM_SIZES[size]), {"max_steps": steps})
-        with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):  # no ./data: synthetic data
+        with tempfile.TemporaryDirectory() as empty, chdir(empty):  # no ./data: synthetic data
             task = build_aam_task(settings, Log(stream=io.StringIO()))
         batch = next(iter(task.batches))
         return task.model, batch, lambda m, b: split_loss(task.loss(m, b))[0], task, str(AAM_SIZES[size])

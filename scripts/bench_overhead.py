@@ -70,6 +70,17 @@ DEFAULT_MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapsh
                  "trace")
 
 
+@contextlib.contextmanager
+def chdir(path):
+    """contextlib.chdir, which Python 3.10 lacks."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -131,7 +142,7 @@ def build_trainer(args) -> tuple[Trainer, object, dict]:
     device = resolve_device(settings.device, quiet)
     if args.model == "aam":
         # synthetic data: the default ./data of an empty folder (an explicit --data-dir must exist)
-        with tempfile.TemporaryDirectory() as empty, contextlib.chdir(empty):
+        with tempfile.TemporaryDirectory() as empty, chdir(empty):
             task = build_aam_task(settings, quiet)
         desc = {"file": Path(args.config).name, **{k: getattr(settings, k) for k in (
             "token_limit", "batch_size", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers",

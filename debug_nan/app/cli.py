@@ -18,6 +18,7 @@ import sys
 import click
 
 import debug_nan
+from debug_nan import torch_support
 from debug_nan.app import run_paths as paths
 from debug_nan.app.cli_help import format_grouped_options
 from debug_nan.app.cli_options import DEFAULTS, run_options
@@ -72,6 +73,15 @@ def _write_report_safely(report: str, inputs: dict[str, str], outputs: dict[str,
         write()
     except InputError as exc:  # OutputWriteError included
         click.echo(f"debug-nan: note: no {what} written: {exc}", err=True)
+
+
+def require_versions() -> None:
+    """The Python and torch this run would use are in the supported range (torch_support.py): else one line and
+    exit 2, before anything of debug-nan's that needs torch is imported."""
+    try:
+        torch_support.require()
+    except torch_support.UnsupportedVersion as exc:
+        raise InputError(str(exc)) from None
 
 
 def _exit(code: int) -> None:
@@ -213,6 +223,7 @@ def main(ctx: click.Context, config, **flags):
     values, started = _values(config, flags), False
     try:
         with interrupts.deferred():  # torch: seconds, during which a SIGTERM waits for the import, then stops
+            require_versions()
             from debug_nan.app.job import run_job
             from debug_nan.engine.session import distributed
 
@@ -243,6 +254,7 @@ def replay(bundle, device, report, log_path):
     """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
     try:
         with interrupts.deferred():
+            require_versions()
             from debug_nan.app.replay import run_replay
         code = run_replay(bundle, device, report, log_path)
     except OutputWriteError as exc:
@@ -297,6 +309,7 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
         with interrupts.deferred():
+            require_versions()
             from debug_nan.app.run_job import RunOptions, run_command
         options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
         check_output_paths({"--report": report, "--log": log_path}, inputs)

@@ -33,14 +33,19 @@ from contextlib import contextmanager
 
 import torch
 
-from debug_nan.drivers.task import split_loss
-from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.replay.driver import TaskFailure
-from debug_nan.engine.session.policies import SessionPolicies
-from debug_nan.engine.session.precision import scaled_step
-from debug_nan.engine.session.session import StepSession
-from debug_nan.presentation.summary import finding_lines
-from debug_nan.settings import RunSettings
+from debug_nan import torch_support
+
+torch_support.require()  # the Monitor and the framework callbacks (which import this): one line, before the
+# imports below
+
+from debug_nan.drivers.task import split_loss  # noqa: E402
+from debug_nan.engine.explain.finding import Finding  # noqa: E402
+from debug_nan.engine.replay.driver import TaskFailure  # noqa: E402
+from debug_nan.engine.session.policies import SessionPolicies  # noqa: E402
+from debug_nan.engine.session.precision import scaled_step  # noqa: E402
+from debug_nan.engine.session.session import StepSession  # noqa: E402
+from debug_nan.presentation.summary import finding_lines  # noqa: E402
+from debug_nan.settings import RunSettings  # noqa: E402
 
 
 class NonFiniteError(RuntimeError):

@@ -11,12 +11,12 @@ import importlib
 import re
 import shlex
 import sys
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
 import click
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from debug_nan import torch_support
 from debug_nan.errors import InputError
 
 
@@ -72,13 +73,10 @@ def init(ctx: DistContext, device_spec: str, timeout_s: float = 300.0) -> torch.
 def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """The model in DDP, as the user's run has it (parameters and buffers broadcast from rank 0 once), without
     DDP's buffer broadcast in every forward: a collective there would strand the other ranks when one raises."""
-    import inspect
-
     from torch.nn.parallel import DistributedDataParallel
 
-    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   **({"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}))
+                                   **torch_support.ddp_without_buffer_broadcast())
 
 
 def agree(local_code: torch.Tensor, ctx: DistContext) -> torch.Tensor:

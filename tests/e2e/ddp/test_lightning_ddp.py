@@ -12,15 +12,17 @@ from tests.support import SUPPORT
 pytest.importorskip("lightning.pytorch")
 
 from tests.conftest import REPO  # noqa: E402
+from tests.support.ports import reserved_port  # noqa: E402
 
 SCRIPT = SUPPORT / "frameworks" / "lightning_ddp.py"
 
 
 def run(case: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), case, str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
+    with reserved_port() as port:  # Lightning's launcher takes MASTER_PORT when set (tests/support/ports.py)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                   PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        proc = subprocess.run([sys.executable, str(SCRIPT), case, str(tmp_path)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
     report = tmp_path / "r.json"
     return proc, json.loads(report.read_text()) if report.is_file() else {}
 

@@ -7,7 +7,6 @@ that fails alone never leaves the others waiting."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, SUPPORT
+from tests.support.ports import reserved_port
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
@@ -36,9 +36,11 @@ def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:
     """`python -m debug_nan ARGS` as ranks 0 and 1 of a 2-process job started by hand (not torchrun): each rank's
     own exit code and output. Every rank must end on its own (a rank left waiting fails the test at 240 s)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with reserved_port() as port:  # (tests/support/ports.py: no concurrent job can be given it)
+        return _ranks(args, cwd, port)
+
+
+def _ranks(args, cwd: Path, port: int) -> list[subprocess.CompletedProcess]:
     procs = [subprocess.Popen([sys.executable, "-m", "debug_nan", *args], cwd=cwd, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",

@@ -26,17 +26,24 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-pl = pytest.importorskip("lightning.pytorch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+transformers = pytest.importorskip("transformers")  # the tiny GPT-2 of every row; Lightning and accelerate only
+# where their rows need them: the rows of the CLI, the Monitor and `debug-nan run` of a plain loop also run where a
+# framework's release needs a newer torch than the one tested (scripts/test_matrix.sh)
 
 from torch.utils.data import DataLoader  # noqa: E402
 
 import debug_nan  # noqa: E402
 from debug_nan.app.cli import main  # noqa: E402
-from debug_nan.integrations.hf import DebugNaNCallback as HFCallback  # noqa: E402
-from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback  # noqa: E402
 from tests.support.frameworks import parity  # noqa: E402
+
+FRAMEWORK_PACKAGES = {"lightning": ("lightning.pytorch",), "hf": ("accelerate",)}
+
+
+def need_framework(name: str):
+    """The framework's module (lightning.pytorch or transformers), or the test is skipped without it."""
+    for package in FRAMEWORK_PACKAGES[name]:
+        pytest.importorskip(package)
+    return pytest.importorskip("lightning.pytorch") if name == "lightning" else transformers
 
 EXPECTED = {  # name -> (step, micro_step, phase, cause, module, op)
     "explosion_by_lr": (2, 1, "backward", "gradient_explosion", "transformer.wte", None),
@@ -89,6 +96,9 @@ def via_monitor(name, run_cli, tmp_path):
 
 
 def via_lightning(name, run_cli, tmp_path):
+    pl = need_framework("lightning")
+    from debug_nan.integrations.lightning import DebugNaNCallback as LightningCallback
+
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     model, batches, make_optimizer = parity.build(name)
 
@@ -106,6 +116,9 @@ def via_lightning(name, run_cli, tmp_path):
 
 
 def via_hf(name, run_cli, tmp_path):
+    need_framework("hf")
+    from debug_nan.integrations.hf import DebugNaNCallback as HFCallback
+
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     model, batches, make_optimizer = parity.build(name)
     samples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(parity.BATCH)]
@@ -128,6 +141,8 @@ def via_run(framework):
     outside (its re-execution under the tracer is a child process)."""
 
     def run(name, run_cli, tmp_path):
+        if framework != "plain":
+            need_framework(framework)
         report = tmp_path / "run.json"
         script = str(Path(parity.__file__).with_name("parity_script.py"))
         result = CliRunner().invoke(main, ["run", "--report", str(report), "--", "python", script, framework, name,

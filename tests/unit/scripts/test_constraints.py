@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import tomllib
 
+from debug_nan.settings import tomllib  # (tomli on Python 3.10)
 from tests.conftest import REPO
 
 

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The support matrix's extra legs (docs/support.md): the oldest supported torch on the oldest and on the newest
+# supported Python, each in a new virtualenv of its own, running the version-sensitive core of the suite: the unit
+# tests of what differs between torch versions (hooks, dispatch modes, DDP's reducer, optimizer hooks, GradScaler,
+# torch.compile) and the end-to-end core (`run`, the parity rows without the frameworks whose releases need a newer
+# torch, torchrun/DDP). The main leg (scripts/test.sh: the current pair, the whole suite) is not repeated here.
+#
+#   bash scripts/test_matrix.sh              # every leg (CI=true runs it from .ci/run)
+#   DEBUG_NAN_MATRIX_LEGS=py3.13-torch2.5 bash scripts/test_matrix.sh   # one leg
+#   DEBUG_NAN_MATRIX=0 bash .ci/run          # skip the legs (a local run of the CI script)
+#
+# Each leg's test dependencies are pinned to versions that support its torch (constraints/<leg>.txt, torch itself
+# is pinned here). The packages come from PyPI through uv (pinned below, installed into the cache's own venv): on
+# this workplace's registry proxy pip caches nothing (no cache headers) and resolves one package at a time, about
+# 2.5 min for the test dependencies where uv takes 5 s. uv's cache keeps every wheel unpacked, and each leg's
+# virtualenv hardlinks from it: PyPI's torch is a CUDA build (about 2.8 GB of wheels with its nvidia-* packages,
+# which are py3-none and shared between Pythons), about 60 s to fetch once, then about 3 s per install.
+# The cache (DEBUG_NAN_MATRIX_CACHE, default ~/.cache/debug-nan/matrix) is kept between runs; the legs' virtualenvs
+# are made anew every run. A leg whose Python, uv or packages cannot be had fails (exit 1): never a silent pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+UV_VERSION=0.13.9
+CACHE="${DEBUG_NAN_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/debug-nan/matrix}"
+# name  python  torch
+LEGS=("py3.10-torch2.4 3.10 2.4.1"
+      "py3.13-torch2.5 3.13 2.5.1")
+
+# The version-sensitive core (about 2 min per leg on 2 cores): see the header.
+UNIT=(tests/unit/foundation/test_torch_support.py tests/unit/test_layers.py tests/unit/foundation/test_settings.py
+      tests/unit/scripts/test_constraints.py tests/unit/engine/trace/test_tracer.py
+      tests/unit/engine/watch/test_watch.py tests/unit/engine/replay/test_snapshot.py
+      tests/unit/drivers/trainer/test_overlap.py tests/unit/drivers/run/test_tape.py
+      tests/unit/drivers/run/test_ranks.py tests/unit/drivers/monitor/test_api.py)
+E2E=("tests/e2e/run/test_run_plain.py"
+     "tests/e2e/run/test_run_scaler.py"
+     "tests/e2e/run/test_run_optimizer.py"
+     "tests/e2e/run/test_run_compile.py"
+     "tests/e2e/frameworks/test_parity.py::test_the_same_bug_gives_the_same_finding"
+     "tests/e2e/ddp/test_run_ddp.py::test_a_nan_born_in_rank_1s_backward_is_rank_1s_though_every_rank_saw_it_first"
+     "tests/e2e/ddp/test_run_ddp.py::test_nan_on_some_ranks_is_traced_on_the_rank_that_saw_it_first"
+     "tests/e2e/ddp/test_distributed.py::test_poison_on_rank_1_stops_both_ranks_and_names_rank_1"
+     "tests/e2e/ddp/test_distributed.py::test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message")
+# parity: the rows of the CLI, the Monitor and `debug-nan run` of a plain loop (Lightning and the HF Trainer need a
+# newer torch than the oldest supported one: their releases tested with the main leg)
+SELECT=(-k "not lightning and not hf")
+
+say() { echo "matrix: $*"; }
+die() { echo "matrix: error: $*" >&2; exit 1; }
+
+if [[ "${DEBUG_NAN_MATRIX:-}" == 0 ]] || [[ "${CI:-}" != true && "${DEBUG_NAN_MATRIX:-}" != 1 ]]; then
+    say "skipped (the legs run under CI=true or DEBUG_NAN_MATRIX=1; DEBUG_NAN_MATRIX=0 skips them)"
+    exit 0
+fi
+
+find_python() {  # python3.X on PATH (not a pyenv shim of another version), else pyenv's newest 3.X
+    local want=$1 root candidate
+    root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+    for candidate in "$(command -v "python$want" 2>/dev/null)" \
+                     $(ls -d "$root"/versions/"$want".*/bin/python 2>/dev/null | sort -rV); do
+        if [[ -n "$candidate" ]] && "$candidate" -c "import sys; assert '%d.%d' % sys.version_info[:2] == '$want'" \
+                2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+mkdir -p "$CACHE"
+export UV_CACHE_DIR="$CACHE/uv" UV_NO_PROGRESS=1
+UV="$CACHE/tools/bin/uv"
+if ! "$UV" --version 2>/dev/null | grep -q " $UV_VERSION"; then
+    say "installing uv $UV_VERSION (PyPI) into $CACHE/tools"
+    rm -rf "$CACHE/tools"
+    python3 -m venv "$CACHE/tools" && "$CACHE/tools/bin/python" -m pip install -q "uv==$UV_VERSION" \
+        || die "could not install uv $UV_VERSION from PyPI"
+fi
+
+failed=()
+for leg in "${LEGS[@]}"; do
+    read -r name python torch <<<"$leg"
+    if [[ -n "${DEBUG_NAN_MATRIX_LEGS:-}" && " $DEBUG_NAN_MATRIX_LEGS " != *" $name "* ]]; then
+        continue
+    fi
+    started=$SECONDS
+    interpreter=$(find_python "$python") || die "$name: no Python $python here (python$python on PATH or pyenv's)"
+    venv="$CACHE/venv-$name"
+    rm -rf "$venv"
+    "$UV" venv -q --python "$interpreter" "$venv" || die "$name: could not make its virtualenv"
+    say "$name: installing torch==$torch and the test dependencies (constraints/$name.txt) with $interpreter"
+    "$UV" pip install -q --python "$venv/bin/python" -c "constraints/$name.txt" "torch==$torch" -e "$REPO" \
+        pytest pytest-xdist transformers matplotlib \
+        || die "$name: could not install torch==$torch and its test dependencies from PyPI"
+    installed=$((SECONDS - started))
+    say "$name: installed in ${installed} s: $("$venv/bin/python" -c 'import sys, torch; print("Python", sys.version.split()[0], "torch", torch.__version__)')"
+    if ! OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$(nproc 2>/dev/null || echo 2)" \
+            --dist loadgroup "${UNIT[@]}" "${E2E[@]}" "${SELECT[@]}"; then
+        failed+=("$name")
+    fi
+    say "$name: $((SECONDS - started)) s in all (install ${installed} s)"
+done
+[[ ${#failed[@]} -eq 0 ]] || die "failed: ${failed[*]}"
+say "every leg passed"
