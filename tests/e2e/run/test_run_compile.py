@@ -1,10 +1,6 @@
 """torch.compile under debug-nan: its hooks stay out of the user's compiled graph (the watch's return at once
 while dynamo traces, the root pre-hook of `run` runs eagerly), so dynamo neither traces nor warns about them."""
 
-import torch
-from torch._dynamo.utils import counters
-
-from debug_nan.engine.watch.watch import Watch
 from tests.support.run.script_runs import alone, watched, write
 
 COMPILED = """
@@ -32,17 +28,3 @@ def test_a_compiled_model_runs_as_alone_and_dynamo_never_sees_debug_nan(tmp_path
     assert done.stdout == plain.stdout and plain.stdout.count("\n") == 4
     assert (report["status"], report["steps_run"]) == ("clean", 4)
     assert "perf_counter" not in done.stderr and "Dynamo" not in done.stderr
-
-
-def test_the_watch_leaves_one_graph_without_breaks():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
-    watch = Watch(model)
-    torch._dynamo.reset()
-    counters.clear()
-    torch.compile(model, backend="eager")(torch.ones(2, 8)).sum().backward()
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
-    assert watch._modules == []  # nothing measured inside the graph
-    model(torch.ones(2, 8))
-    assert len(watch._modules) == 3  # eagerly, the hooked modules: both Linear and the root
-    watch.close()

@@ -7,8 +7,6 @@ import json
 
 import pytest
 
-from debug_nan.app import run_paths as paths
-from debug_nan.errors import InputError
 from tests.support.run.side_by_side import TRAIN, plain, watched
 
 CHDIR = """import os
@@ -75,16 +73,3 @@ def test_an_earlier_debug_nan_log_and_report_are_replaced(tmp_path):
     assert done.returncode == 0 and report["steps_run"] == 3, done.stderr
     assert (tmp_path / "d.log").read_text().count("[debug-nan] run:") == 1 == first.count("[debug-nan] run:")
     assert not list(tmp_path.glob(".*partial"))
-
-
-def test_which_existing_files_debug_nan_may_replace(tmp_path):
-    cases = {"empty": ("", "--log", True), "log": ("[debug-nan] run: x\n", "--log", True),
-             "data.csv": ("a,b\n", "--log", False), "ours.json": ('{"status": "clean", "debug_nan": "0.1"}',
-                                                                  "--report", True),
-             "theirs.json": ('{"status": "clean"}', "--report", False), "bad.json": ("{", "--report", False)}
-    for name, (text, option, ok) in cases.items():
-        (tmp_path / name).write_text(text)
-        assert paths.replaceable(str(tmp_path / name), option) is ok, name
-    with pytest.raises(InputError, match="data.csv already exists"):
-        paths.refuse_foreign({"--log": str(tmp_path / "data.csv")})
-    paths.refuse_foreign({"--log": str(tmp_path / "log"), "--report": str(tmp_path / "new.json")})
