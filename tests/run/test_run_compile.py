@@ -7,6 +7,10 @@ from torch._dynamo.utils import counters
 
 from debug_nan.checks.watch import Watch
 from tests.run.script_runs import alone, watched, write
+from debug_nan.torch_support import compile_supported
+
+pytestmark = pytest.mark.skipif(not compile_supported(), reason="torch.compile needs torch >= 2.6 on Python 3.13 "
+                                "(torch_support.compile_supported)")
 
 COMPILED = """
     import torch
