@@ -138,6 +138,40 @@ def torchrun_records_terminated_workers() -> bool:
     return hasattr(SubprocessContext, "_capture_process_failures")
 
 
-__all__ = ["PYTHON_OLDEST", "RANGE", "TORCH_NEWEST_TESTED", "UnsupportedVersion", "ddp_without_buffer_broadcast",
+def _before_2_6_on_3_13(python=None, torch_version=None) -> bool:
+    python = tuple((python or sys.version_info)[:2])
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    return python >= (3, 13) and parse(torch_version)[:2] < (2, 6)
+
+
+def save_options(python=None, torch_version=None) -> dict:
+    """torch.save's keywords (the repro bundle: report/bundle.py). torch 2.5 on Python 3.13 cannot torch.save at
+    all: it sets `persistent_id` on the C pickler, which Python 3.13 made read-only ("'_pickle.Pickler' object
+    attribute 'persistent_id' is read-only"; torch 2.6 subclasses the pickler instead). There the file is written
+    through the standard library's pure-Python pickler: the same format, read back by any torch.load."""
+    if not _before_2_6_on_3_13(python, torch_version):
+        return {}
+    import pickle
+    import types
+
+    python_pickle = types.ModuleType("pickle_python_pickler")
+    python_pickle.__dict__.update(pickle.__dict__)
+    python_pickle.Pickler = pickle._Pickler  # a Python class: its persistent_id can be set
+    return {"pickle_module": python_pickle}
+
+
+def compile_supported(python=None, torch_version=None) -> bool:
+    """Whether torch.compile works here: torch 2.5 on Python 3.13 raises "Dynamo is not supported on Python 3.13+"
+    (torch 2.6 added it). debug-nan never compiles anything itself (its hooks only ask torch.compiler whether they
+    are being traced, which works there): a script that compiles fails with torch's own error, as without debug-nan.
+    The tests that compile skip there."""
+    return not _before_2_6_on_3_13(python, torch_version)
+
+
+__all__ = ["PYTHON_OLDEST", "RANGE", "TORCH_NEWEST_TESTED", "UnsupportedVersion", "compile_supported",
+           "ddp_without_buffer_broadcast", "save_options",
            "oldest_torch", "parse", "python_problem", "require", "torch_at_least", "torch_problem",
            "torchrun_records_terminated_workers", "untested"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import debug_nan
+from debug_nan import torch_support
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.errors import InputError
 from debug_nan.presentation.outputs import OutputWriteError, atomic_write
@@ -36,7 +37,7 @@ def write_bundle(directory: str | Path, state: dict) -> Path:
     path = directory / f"debug-nan-bundle-step{state['step']}-micro{state['micro']}.pt"
     data = {"version": BUNDLE_VERSION, **state, **task_reference(state["settings"].get("task"))}
     # a batch value that cannot be pickled fails inside the write too, leaving no half file
-    atomic_write(path, lambda handle: torch.save(data, handle), "repro bundle")
+    atomic_write(path, lambda handle: torch.save(data, handle, **torch_support.save_options()), "repro bundle")
     return path
 
 

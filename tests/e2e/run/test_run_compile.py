@@ -1,7 +1,13 @@
 """torch.compile under debug-nan: its hooks stay out of the user's compiled graph (the watch's return at once
 while dynamo traces, the root pre-hook of `run` runs eagerly), so dynamo neither traces nor warns about them."""
 
+import pytest
+
+from debug_nan.torch_support import compile_supported
 from tests.support.run.script_runs import alone, watched, write
+
+pytestmark = pytest.mark.skipif(not compile_supported(), reason="torch.compile needs torch >= 2.6 on Python 3.13 "
+                                "(torch_support.compile_supported)")
 
 COMPILED = """
     import torch

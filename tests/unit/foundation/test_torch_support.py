@@ -143,3 +143,41 @@ def test_a_real_python_3_9_gets_the_line_and_exit_2():
 def test_the_torch_of_this_suite_is_inside_the_tested_range():
     """A newer torch in a leg (or the main leg's pin moved) is a reminder to move TORCH_NEWEST_TESTED with it."""
     assert torch_support.torch_problem(torch.__version__) is None and torch_support.untested(torch.__version__) is None
+
+
+@pytest.mark.parametrize("python, torch_version, pure", [((3, 13, 0), "2.5.1", True), ((3, 13, 0), "2.6.0", False),
+                                                         ((3, 12, 1), "2.5.1", False)])
+def test_the_bundle_is_saved_through_a_pickler_that_python_3_13_lets_torch_2_5_use(python, torch_version, pure):
+    import io
+
+    options = torch_support.save_options(python, torch_version)
+    assert options == {} if not pure else set(options) == {"pickle_module"}
+    if pure:  # the pure-Python pickler works with every torch: a file any torch.load reads
+        buffer = io.BytesIO()
+        torch.save({"x": torch.arange(3.0), "note": "bundle"}, buffer, **options)
+        buffer.seek(0)
+        assert torch.load(buffer, weights_only=False)["x"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_torch_save_needs_the_pure_pickler_exactly_where_torch_support_says():
+    import io
+
+    try:
+        torch.save({"x": torch.ones(1)}, io.BytesIO())
+        plain_works = True
+    except AttributeError as exc:
+        assert "persistent_id" in str(exc)
+        plain_works = False
+    assert plain_works == (torch_support.save_options() == {})
+
+
+def test_torch_compile_works_exactly_where_torch_support_says():
+    assert torch_support.compile_supported((3, 13, 0), "2.5.1") is False
+    assert torch_support.compile_supported((3, 13, 0), "2.6.0") and torch_support.compile_supported((3, 12, 1), "2.4.1")
+    try:
+        torch.compile(torch.nn.Linear(2, 1), backend="eager")(torch.ones(1, 2))
+        works = True
+    except RuntimeError as exc:
+        assert "Dynamo is not supported" in str(exc)
+        works = False
+    assert works == torch_support.compile_supported()

@@ -2,10 +2,15 @@
 without breaks and the modules are measured when they run eagerly. (A compiled script under `debug-nan run`:
 tests/e2e/run/test_run_compile.py.)"""
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from debug_nan.engine.watch.watch import Watch
+from debug_nan.torch_support import compile_supported
+
+pytestmark = pytest.mark.skipif(not compile_supported(), reason="torch.compile needs torch >= 2.6 on Python 3.13 "
+                                "(torch_support.compile_supported)")
 
 
 def test_the_watch_leaves_one_graph_without_breaks():
