@@ -30,7 +30,9 @@ LEGS=("py3.10-torch2.4 3.10 2.4.1"
 # differs between torch versions, then a few end-to-end runs of each entry point and of torchrun/DDP.
 UNIT=(tests/test_torch_support.py tests/test_layers.py tests/test_settings.py
       tests/checks/test_tracer.py tests/checks/test_watch.py tests/checks/test_snapshot.py
-      tests/train/test_overlap.py::test_averages_equal_ddps_and_are_sent_during_the_backward tests/run/test_tape.py tests/run/test_run_ranks.py tests/test_api.py)
+      tests/run/test_tape.py tests/run/test_run_ranks.py tests/test_api.py)
+# (two-rank unit tests, 30-90 s each on a loaded 2-core machine, are left to the main leg: DDP is covered below)
+SKIP=(--deselect tests/checks/test_watch.py::test_two_ranks_settle_an_overflowed_norm_together)
 PARITY=tests/integrations/test_parity.py::test_the_same_bug_gives_the_same_finding
 E2E=("tests/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task[masked-masked-2-where0]"
      "tests/run/test_run_scaler.py::test_scaler_overflow_steps_are_skipped_and_the_nan_after_them_is_found"
@@ -93,7 +95,7 @@ for leg in "${LEGS[@]}"; do
     installed=$((SECONDS - started))
     say "$name: installed in ${installed} s: $("$venv/bin/python" -c 'import sys, torch; print("Python", sys.version.split()[0], "torch", torch.__version__)')"
     if ! OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$(nproc 2>/dev/null || echo 2)" \
-            --dist loadgroup --durations=10 "${UNIT[@]}" "${E2E[@]}"; then
+            --dist loadgroup --durations=10 "${UNIT[@]}" "${E2E[@]}" "${SKIP[@]}"; then
         failed+=("$name")
     fi
     say "$name: $((SECONDS - started)) s in all (install ${installed} s)"
