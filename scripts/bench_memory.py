@@ -42,17 +42,6 @@ SIZES = {  # bench_models.LMShape fields; about 5M and 50M parameters (and a tin
 AAM_SIZES = {"aam": REPO / "configs" / "aam.toml", "aam-tiny": REPO / "configs" / "tiny.toml"}
 
 
-@contextlib.contextmanager
-def chdir(path):
-    """contextlib.chdir, which Python 3.10 lacks."""
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 def build(size: str, steps: int):
     """(model, one batch, loss(model, batch) -> scalar, the task for the watched modes, its settings' config)."""
     import io
@@ -60,6 +49,7 @@ def build(size: str, steps: int):
 
     import torch
     from bench_models import LMShape, TinyGPT, lm_loss
+    from bench_overhead import chdir  # (contextlib.chdir is Python 3.11+)
 
     from debug_nan.aam.task import build_aam_task
     from debug_nan.drivers.task import Task, split_loss
