@@ -1,23 +1,12 @@
 """--tensorboard DIR through the CLI: a finding and the fp16 loss scale, read back with TensorBoard's own
 reader."""
 
-
 import pytest
 
 from tests.conftest import SCENARIOS
+from tests.support.tensorboard import read_back, values
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-
-
-def read_back(folder):
-    (event,) = list(folder.glob("events.out.tfevents.*"))
-    acc = event_accumulator.EventAccumulator(str(event), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
-def values(acc, tag):
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 
 def test_a_finding_and_the_fp16_loss_scale_through_the_cli(run_cli, tmp_path):
