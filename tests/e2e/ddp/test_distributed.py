@@ -45,9 +45,10 @@ def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
     assert (tmp_path / "debug-nan-bundle-step2-micro1.pt").is_file()  # written by the pinpointing rank
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clean_run(tmp_path_factory):
-    """A healthy job on 2 ranks (3 steps, accumulation 2), once: what the tests below read from it."""
+    """A healthy job on 2 ranks (3 steps, accumulation 2), once: what the tests below read from it (session-scoped:
+    a module's fixture is set up again whenever pytest-xdist runs another module's test in between)."""
     folder = tmp_path_factory.mktemp("clean_run")
     proc = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "3",
                     "--gradient-accumulation-steps", "2", "--report", "r.json", cwd=folder)

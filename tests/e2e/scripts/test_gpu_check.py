@@ -21,8 +21,10 @@ def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.Completed
     return proc, json.loads((out / "gpu-check.json").read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def quick(tmp_path_factory):
+    """The quick run, made once: session-scoped, as a module's fixture is set up again whenever pytest-xdist runs
+    another module's test between the tests of the group."""
     out = tmp_path_factory.mktemp("gpu-check")
     proc, report = gpu_check(out)
     return proc, report, {i["name"]: i for i in report["items"]}, out
