@@ -21,7 +21,6 @@ increase over plain in units of the parameters' size (float32 bytes).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os

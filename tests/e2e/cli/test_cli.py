@@ -93,3 +93,15 @@ def test_mixed_precision_runs_are_clean(run_cli):
         run = run_cli("--config", TINY, "--max-steps", "2", "--device", "cpu", "--precision", precision)
         assert run.code == 0, run.output
         assert run.report["settings"]["precision"] == precision and run.report["status"] == "clean"
+        assert run.report["steps_run"] == 2
+
+
+def test_mixed_precision_without_guards_finds_the_padding_nan(run_cli):
+    """The main job's bf16 and fp16 runs on the CPU (scripts/gpu_check.py runs them on CUDA)."""
+    for precision in ("bf16", "fp16"):
+        run = run_cli("--config", TINY, "--max-steps", "2", "--device", "cpu", "--precision", precision,
+                      "--no-guards")
+        assert run.code == 1, run.output
+        first = run.first
+        assert (first["phase"], first["cause"]) == ("forward", "all_masked_softmax")
+        assert run.report["settings"]["precision"] == precision

@@ -1,14 +1,12 @@
 """--tensorboard DIR through the CLI: a finding and the fp16 loss scale, read back with TensorBoard's own
 reader."""
 
-
 import pytest
 
 from tests.conftest import SCENARIOS
+from tests.support.tensorboard import read_back, values
 
 pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-
-from tests.unit.presentation.test_tensorboard import read_back, values  # noqa: E402
 
 
 def test_a_finding_and_the_fp16_loss_scale_through_the_cli(run_cli, tmp_path):

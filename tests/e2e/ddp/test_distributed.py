@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from debug_nan import torch_support
 from tests.conftest import SCENARIOS, TINY
 from tests.support.ports import reserved_port
@@ -55,11 +57,21 @@ def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
     assert (tmp_path / "debug-nan-bundle-step2-micro1.pt").is_file()  # written by the pinpointing rank
 
 
-def test_clean_two_process_run_exits_0(tmp_path):
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory):
+    """A healthy job on 2 ranks (3 steps, accumulation 2), once: what the tests below read from it (session-scoped:
+    a module's fixture is set up again whenever pytest-xdist runs another module's test in between)."""
+    folder = tmp_path_factory.mktemp("clean_run")
     proc, _ = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "3",
-                       "--gradient-accumulation-steps", "2", "--report", "r.json", cwd=tmp_path)
+                       "--gradient-accumulation-steps", "2", "--report", "r.json", cwd=folder)
+    return proc, folder
+
+
+@pytest.mark.xdist_group("ddp_clean_run")  # (one worker: the run is made once)
+def test_clean_two_process_run_exits_0(clean_run):
+    proc, folder = clean_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = json.loads((folder / "r.json").read_text())
     assert report["status"] == "clean" and report["steps_run"] == 3
 
 
@@ -135,7 +147,8 @@ def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(
     assert "Traceback" not in proc.stdout
 
 
-def test_the_header_says_how_gradients_are_averaged(tmp_path):
-    proc, _ = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "1", cwd=tmp_path)
+@pytest.mark.xdist_group("ddp_clean_run")  # (one worker: the run is made once)
+def test_the_header_says_how_gradients_are_averaged(clean_run):
+    proc, _ = clean_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gradients averaged by 1 bucket(s) of <= 25 MiB, all-reduced during the backward" in proc.stdout

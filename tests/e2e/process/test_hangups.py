@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support import FAULT_TASKS
+from tests.support.signals import handles
 
 TASKS = FAULT_TASKS + '''
 
@@ -165,13 +166,6 @@ def test_a_hang_up_lets_the_run_finish_as_nohup_would(tmp_path, pipeline, task, 
     assert "SUMMARY" in log and "Traceback" not in log and f"STEP {steps if code == 0 else 2}/{steps}" in log
 
 
-def _handles(pid: int, signum: int) -> bool:
-    """Has the process installed its handler for `signum` (SigCgt in /proc)?"""
-    with open(f"/proc/{pid}/status") as status:
-        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
-    return bool(caught & (1 << (signum - 1)))
-
-
 @pytest.mark.parametrize("signals, when, code, steps", [
     ((signal.SIGTERM,), "start", 143, 0),  # torch still importing: before the log opens
     ((signal.SIGINT,), "start", 130, 0),
@@ -185,7 +179,7 @@ def test_an_interrupt_at_any_time_leaves_the_report_and_no_traceback(tmp_path, s
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     if when == "start":
-        while not _handles(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        while not handles(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
             time.sleep(0.002)
     else:
         while when not in proc.stdout.readline() and time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """Backward calls of real scripts' shapes through `debug-nan run`: several losses in one call, the script's own
-anomaly mode, training in a thread. Each script alone and watched, in fresh processes."""
+anomaly mode, training in a thread. Each script alone in a fresh process (the reference) and watched in this one."""
 
-from tests.support.run.script_runs import alone, watched, write
+from tests.support.run.script_runs import alone, write
 
 TWO_LOSSES = """
     import sys
@@ -23,19 +23,20 @@ TWO_LOSSES = """
 """
 
 
-def test_a_nan_in_the_second_loss_of_one_backward_call_is_found(tmp_path):
+def test_a_nan_in_the_second_loss_of_one_backward_call_is_found(tmp_path, run_here):
     script = write(tmp_path, TWO_LOSSES)
-    healthy, report = watched(script)
-    assert healthy.returncode == 0 and healthy.stdout == alone(script).stdout, healthy.stderr
+    healthy, stdout, stderr = run_here("python", script.name)
+    assert healthy.code == 0 and stdout == alone(script).stdout, stderr
+    report = healthy.report
     assert (report["status"], report["steps_run"]) == ("clean", 4)
     plain = alone(script, "2")
     assert "2 0.00000 nan" in plain.stdout and plain.returncode == 0
-    done, report = watched(script, "2")
-    assert done.returncode == 1, done.stderr
-    first = report["first_nonfinite"]
+    done, stdout, stderr = run_here("python", script.name, "2")
+    assert done.code == 1, stderr
+    first = done.first
     assert (first["step"], first["micro_step"], first["phase"]) == (3, 1, "loss")
     assert first["source"].startswith("script.py:13")
-    assert done.stdout == "".join(plain.stdout.splitlines(keepends=True)[:2])
+    assert stdout == "".join(plain.stdout.splitlines(keepends=True)[:2])
 
 
 ANOMALY = """
@@ -58,20 +59,21 @@ ANOMALY = """
 """
 
 
-def test_the_scripts_own_anomaly_mode_gets_the_usual_finding(tmp_path):
+def test_the_scripts_own_anomaly_mode_gets_the_usual_finding(tmp_path, run_here):
     script = write(tmp_path, ANOMALY)
-    healthy, report = watched(script)
-    assert healthy.returncode == 0 and healthy.stdout == alone(script).stdout, healthy.stderr
+    healthy, stdout, stderr = run_here("python", script.name)
+    assert healthy.code == 0 and stdout == alone(script).stdout, stderr
+    report = healthy.report
     assert report["status"] == "clean"
     plain = alone(script, "2")
     assert plain.returncode == 1 and "returned nan values" in plain.stderr  # anomaly mode's own error, alone
-    done, report = watched(script, "2")
-    assert done.returncode == 1, done.stderr
-    first = report["first_nonfinite"]
+    done, stdout, stderr = run_here("python", script.name, "2")
+    assert done.code == 1, stderr
+    first = done.first
     assert (first["step"], first["phase"], first["cause"]) == (3, "backward", "grad_at_singularity")
     assert first["source"].startswith("script.py:13")  # the sqrt
-    assert "Traceback" not in done.stderr and "debug_nan" not in done.stderr
-    assert done.stdout == plain.stdout
+    assert "Traceback" not in stderr and "debug_nan" not in stderr
+    assert stdout == plain.stdout
 
 
 THREAD = """
@@ -100,17 +102,18 @@ THREAD = """
 """
 
 
-def test_a_trip_in_a_training_thread_stops_the_script(tmp_path):
+def test_a_trip_in_a_training_thread_stops_the_script(tmp_path, run_here):
     script = write(tmp_path, THREAD)
-    healthy, report = watched(script)
-    assert healthy.returncode == 0 and healthy.stdout == alone(script).stdout, healthy.stderr
+    healthy, stdout, stderr = run_here("python", script.name)
+    assert healthy.code == 0 and stdout == alone(script).stdout, stderr
+    report = healthy.report
     assert (report["status"], report["steps_run"]) == ("clean", 4)
     plain = alone(script, "2")
     assert plain.returncode == 0 and plain.stdout.endswith("trained\n")
-    done, report = watched(script, "2")
-    assert done.returncode == 1, done.stderr
-    first = report["first_nonfinite"]
+    done, stdout, stderr = run_here("python", script.name, "2")
+    assert done.code == 1, stderr
+    first = done.first
     assert (first["step"], first["phase"], first["op"], first["cause"]) == (3, "loss", "aten.pow.Tensor_Scalar",
                                                                             "overflow")
-    assert done.stdout == "".join(plain.stdout.splitlines(keepends=True)[:2])  # the main thread did not run on
-    assert "Exception in thread" not in done.stderr and "RunStopped" not in done.stderr
+    assert stdout == "".join(plain.stdout.splitlines(keepends=True)[:2])  # the main thread did not run on
+    assert "Exception in thread" not in stderr and "RunStopped" not in stderr

@@ -1,16 +1,12 @@
 """A watched model copies and saves as the script's own: `copy.deepcopy` (an EMA, AveragedModel) and
 `torch.save(model)` work through every entry point, the copy carries no debug-nan hook (a no-op of the standard
-library stands in: loading needs no debug-nan) and the copy is not watched."""
+library stands in: loading needs no debug-nan) and the copy is not watched. The scripts run alone in a fresh process
+(the reference) and watched in this one. (Through the Monitor: tests/unit/drivers/monitor/test_copies.py.)"""
 
-import copy
-import io
-import pickle
-import pickletools
 
-import torch
+import pytest
 
-import debug_nan
-from tests.support.run.script_runs import alone, watched, write
+from tests.support.run.script_runs import alone, write
 
 # the shape of a word-language-model example: the whole model saved every epoch, reloaded for the test pass; an
 # EMA kept by deep copy and AveragedModel; a NaN planted in the last epoch's data with --bug
@@ -65,68 +61,30 @@ EPOCHS = """
 """
 
 
-def test_whole_model_saved_every_epoch_and_an_ema_by_deepcopy_run_as_alone(tmp_path):
-    script = write(tmp_path, EPOCHS)
-    plain = alone(script)
-    done, report = watched(script)
-    assert plain.returncode == 0 and done.returncode == 0, done.stderr
-    assert done.stdout == plain.stdout and plain.stdout.count("\n") == 3
-    assert (report["status"], report["steps_run"]) == ("clean", 6)
-    assert "cannot pickle" not in done.stderr and "Traceback" not in done.stderr
+@pytest.fixture(scope="session")
+def epochs_alone(tmp_path_factory):
+    """EPOCHS run alone (`python script.py`, no --bug), once: the reference of both tests below."""
+    return alone(write(tmp_path_factory.mktemp("epochs"), EPOCHS))
 
 
-def test_a_broken_run_that_saves_and_averages_still_gives_its_finding(tmp_path):
+@pytest.mark.xdist_group("epochs_alone")  # (one worker: the plain run is made once)
+def test_whole_model_saved_every_epoch_and_an_ema_by_deepcopy_run_as_alone(tmp_path, run_here, epochs_alone):
     script = write(tmp_path, EPOCHS)
-    done, report = watched(script, "--bug")
-    assert done.returncode == 1, done.stderr
-    first = report["first_nonfinite"]
+    done, stdout, stderr = run_here("python", script.name)
+    assert epochs_alone.returncode == 0 and done.code == 0, stderr
+    assert stdout == epochs_alone.stdout and epochs_alone.stdout.count("\n") == 3
+    assert (done.report["status"], done.report["steps_run"]) == ("clean", 6)
+    assert "cannot pickle" not in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.xdist_group("epochs_alone")  # (one worker: the plain run is made once)
+def test_a_broken_run_that_saves_and_averages_still_gives_its_finding(tmp_path, run_here, epochs_alone):
+    script = write(tmp_path, EPOCHS)
+    done, stdout, stderr = run_here("python", script.name, "--bug")
+    assert done.code == 1, stderr
+    first = done.first
     assert (first["step"], first["micro_step"], first["phase"]) == (5, 1, "loss")
-    assert done.stdout == alone(script).stdout.split("epoch 2")[0]  # the first two epochs, then the stop
-
-
-def _globals(data: bytes) -> set[str]:
-    """The modules a pickle imports when loaded."""
-    found, strings = set(), []
-    for op, arg, _ in pickletools.genops(data):
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-            strings.append(arg)
-        elif op.name == "STACK_GLOBAL":
-            found.add(strings[-2])
-        elif op.name == "GLOBAL":
-            found.add(arg.split(" ")[0])
-    return found
-
-
-def _check_copies(model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Deep copy and whole-model save/load work; neither holds a debug-nan hook nor needs debug-nan."""
-    hooked = [h for m in model.modules() for h in m._forward_hooks.values()]
-    assert hooked, "the watch is attached"
-    twin = copy.deepcopy(model)
-    saved = io.BytesIO()
-    torch.save(model, saved)
-    assert not {m for m in _globals(pickle.dumps(model)) if m.startswith("debug_nan")}
-    with torch.serialization.safe_globals([type(m) for m in model.modules()]):
-        loaded = torch.load(io.BytesIO(saved.getvalue()))  # weights_only=True, torch's default: plain dicts only
-    for other in (twin, loaded):
-        assert not [h for m in other.modules() for h in m._forward_hooks.values()]  # the user's model, unhooked
-        assert torch.equal(other(x), model(x))
-    assert [h for m in model.modules() for h in m._forward_hooks.values()] == hooked  # the watched one untouched
-
-
-def test_through_the_monitor_the_copy_is_not_watched(tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = debug_nan.Monitor(model, lambda m, b: m(b).pow(2).mean(), optimizer)
-    x = torch.ones(2, 3)
-    with monitor.step(x):
-        copy_inside = copy.deepcopy(model)
-        copy_inside(x)  # its forward is not recorded by the watch
-        model(x).pow(2).mean().backward()
-        assert len(monitor.watch._modules) == 3  # the model's hooked modules only: 2 Linear and the root
-    optimizer.step()
-    _check_copies(model, x)
-    monitor.close()
+    assert stdout == epochs_alone.stdout.split("epoch 2")[0]  # the first two epochs, then the stop
 
 
 def test_a_task_that_copies_its_model_runs_clean(run_cli, tmp_path):

@@ -1,5 +1,6 @@
 """A launcher that trains in worker processes (accelerate launch, torchrun, deepspeed) run inside `debug-nan run`
-is refused with the command to run instead (exit 2); and that command, debug-nan inside the launcher, works."""
+is refused with the command to run instead (exit 2, before it starts anything: in this process); and that command,
+debug-nan inside the launcher, works (real processes)."""
 
 import subprocess
 import sys
@@ -27,12 +28,11 @@ accelerator = Accelerator(cpu=True)
      "`python -m torch.distributed.run --standalone -m debug_nan run [OPTIONS] -- train.py`."),
     (["deepspeed", "train.py"], "`deepspeed --module debug_nan run [OPTIONS] -- train.py` (this form is not tested"),
 ])
-def test_a_launcher_of_workers_is_refused_with_what_to_run_instead(tmp_path, words, instead):
+def test_a_launcher_of_workers_is_refused_with_what_to_run_instead(tmp_path, run_here, words, instead):
     (tmp_path / "train.py").write_text(TRAIN)
-    done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--", *words], cwd=tmp_path, env=env(),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout == "", done.stderr
-    said = " ".join(done.stderr.split())
+    done, stdout, stderr = run_here(*words)
+    assert done.code == 2 and stdout == "", stderr
+    said = " ".join(stderr.split())
     assert "starts the training in worker processes of its own" in said and instead in said
 
 

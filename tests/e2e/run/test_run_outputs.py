@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from tests.support.run.side_by_side import TRAIN, env, plain
+from tests.support.run.side_by_side import TRAIN, env
 
 
-def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch):
+@pytest.mark.xdist_group("train_alone")  # (one worker: the plain run is made once)
+def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch, train_alone):
     """The report's real atomic write, its fsync failing as a full disk's does."""
     import debug_nan.presentation.outputs as outputs
 
@@ -23,7 +24,7 @@ def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, 
     monkeypatch.setattr(outputs.os, "fsync", full)
     done, stdout, stderr = run_here("python", "train.py")
     assert done.code == 2 and done.report is None, done.output
-    assert stdout == plain("train.py", cwd=tmp_path).stdout
+    assert stdout == train_alone.stdout
     assert (f"debug-nan: error: --report {tmp_path / 'run.json'}: could not be written (No space left on device); "
             f"nothing was left half-written there. The run itself ended with exit 0; exit 2 because its report "
             f"could not be written.") in " ".join(stderr.split())
@@ -52,12 +53,13 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
-def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk):
+@pytest.mark.xdist_group("train_alone")  # (one worker: the plain run is made once)
+def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk, train_alone):
     (tmp_path / "train.py").write_text(TRAIN)
     report = full_disk / "run.json"
     done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--report", str(report), "--", "python",
                            "train.py"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
-    assert done.stdout == plain("train.py", cwd=tmp_path).stdout
+    assert done.stdout == train_alone.stdout
     assert f"--report {report}: could not be written (No space left on device)" in " ".join(done.stderr.split())
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.support.run.side_by_side import TRAIN, plain, watched
+from tests.support.run.side_by_side import TRAIN, plain
 
 CHDIR = """import os
 os.chdir("work")
@@ -25,14 +25,15 @@ IMPORTS = """import helper
 """
 
 
-def test_relative_outputs_stay_where_debug_nan_started_when_the_script_chdirs(tmp_path):
+def test_relative_outputs_stay_where_debug_nan_started_when_the_script_chdirs(tmp_path, run_here):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "results.json").write_text('{"data": 1}')
     (tmp_path / "train.py").write_text(CHDIR)
     alone = plain("train.py", cwd=tmp_path)
-    done, report = watched("train.py", cwd=tmp_path, report="results.json", options=("--log", "debug.log"))
-    assert (alone.returncode, done.returncode) == (0, 0), done.stderr
-    assert done.stdout == alone.stdout and alone.stdout.startswith('{"data": 1}\nstep 0 loss')
+    done, stdout, stderr = run_here("python", "train.py", report="results.json", options=("--log", "debug.log"))
+    report = done.report
+    assert (alone.returncode, done.code) == (0, 0), stderr
+    assert stdout == alone.stdout and alone.stdout.startswith('{"data": 1}\nstep 0 loss')
     assert (tmp_path / "work" / "results.json").read_text() == '{"data": 1}'
     assert (report["status"], report["steps_run"]) == ("clean", 3)
     assert (tmp_path / "debug.log").read_text().startswith("[debug-nan] run: python train.py")
@@ -40,36 +41,37 @@ def test_relative_outputs_stay_where_debug_nan_started_when_the_script_chdirs(tm
 
 
 @pytest.mark.parametrize("option", ["--log", "--report"])
-def test_an_output_naming_a_module_the_script_imports_is_refused_and_the_module_untouched(tmp_path, option):
+def test_an_output_naming_a_module_the_script_imports_is_refused_and_the_module_untouched(tmp_path, run_here,
+                                                                                          option):
     (tmp_path / "helper.py").write_text("X = 5\n")
     (tmp_path / "train.py").write_text(IMPORTS)
     options = ("--log", "helper.py") if option == "--log" else ()
-    done, report = watched("train.py", cwd=tmp_path, options=options,
-                           report="helper.py" if option == "--report" else "run.json")
-    assert done.returncode == 2 and done.stdout == "", done.stderr
+    done, stdout, stderr = run_here("python", "train.py", options=options,
+                                    report="helper.py" if option == "--report" else "run.json")
+    assert done.code == 2 and stdout == "", stderr
     assert f"{option} {tmp_path / 'helper.py'} already exists and is not an earlier debug-nan output" in " ".join(
-        done.stderr.split())
+        stderr.split())
     assert (tmp_path / "helper.py").read_text() == "X = 5\n"
 
 
-def test_a_file_the_script_writes_at_the_report_path_is_kept_and_the_report_goes_beside_it(tmp_path):
+def test_a_file_the_script_writes_at_the_report_path_is_kept_and_the_report_goes_beside_it(tmp_path, run_here):
     (tmp_path / "train.py").write_text(WRITES)
     alone = plain("train.py", cwd=tmp_path)
     (tmp_path / "results.json").unlink()
-    done, _ = watched("train.py", cwd=tmp_path, report="results.json", options=("--log", "results.json.log"))
-    assert done.returncode == 0 and done.stdout == alone.stdout, done.stderr
+    done, stdout, stderr = run_here("python", "train.py", report="results.json", options=("--log", "results.json.log"))
+    assert done.code == 0 and stdout == alone.stdout, stderr
     assert (tmp_path / "results.json").read_text() == "the script's own results"
     moved = tmp_path / "results.debug-nan.json"
     assert json.loads(moved.read_text())["steps_run"] == 3
     assert (f"--report {tmp_path / 'results.json'}: not written there (the command opened it while it ran); "
-            f"written to {moved} instead.") in " ".join(done.stderr.split())
+            f"written to {moved} instead.") in " ".join(stderr.split())
 
 
-def test_an_earlier_debug_nan_log_and_report_are_replaced(tmp_path):
+def test_an_earlier_debug_nan_log_and_report_are_replaced(tmp_path, run_here):
     (tmp_path / "train.py").write_text(TRAIN)
-    watched("train.py", cwd=tmp_path, report="r.json", options=("--log", "d.log"))
+    run_here("python", "train.py", report="r.json", options=("--log", "d.log"))
     first = (tmp_path / "d.log").read_text()
-    done, report = watched("train.py", cwd=tmp_path, report="r.json", options=("--log", "d.log"))
-    assert done.returncode == 0 and report["steps_run"] == 3, done.stderr
+    done, _, stderr = run_here("python", "train.py", report="r.json", options=("--log", "d.log"))
+    assert done.code == 0 and done.report["steps_run"] == 3, stderr
     assert (tmp_path / "d.log").read_text().count("[debug-nan] run:") == 1 == first.count("[debug-nan] run:")
     assert not list(tmp_path.glob(".*partial"))

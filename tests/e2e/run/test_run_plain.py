@@ -26,22 +26,30 @@ def watched(tmp_path, *args: str, options=()) -> tuple[subprocess.CompletedProce
     return done, json.loads(report.read_text())
 
 
-def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_path):
-    alone = plain("--exit-code", "3")
+@pytest.fixture(scope="session")
+def loop_alone():
+    """`python plain_loop.py --exit-code 3` (healthy), once: the reference of the tests below."""
+    return plain("--exit-code", "3")
+
+
+@pytest.mark.xdist_group("loop_alone")  # (one worker: the plain run is made once)
+def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_path, loop_alone):
+    """In a fresh process: the exit code is the process's."""
     done, report = watched(tmp_path, "--exit-code", "3")
-    assert alone.returncode == 3 and done.returncode == 3, done.stderr
-    assert done.stdout == alone.stdout and alone.stdout.count("\n") == 4
+    assert loop_alone.returncode == 3 and done.returncode == 3, done.stderr
+    assert done.stdout == loop_alone.stdout and loop_alone.stdout.count("\n") == 4
     assert (report["status"], report["steps_run"], report["first_nonfinite"], report["exit_code"]) == (
         "clean", 4, None, 3)
     assert "[debug-nan] watching Net (225 parameters) and its AdamW" in done.stderr
 
 
-def test_max_steps_stops_the_command_with_a_clean_summary(tmp_path):
-    done, report = watched(tmp_path, options=("--max-steps", "2"))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "".join(plain().stdout.splitlines(keepends=True)[:2])
-    assert (report["status"], report["steps_run"]) == ("clean", 2)
-    assert "--max-steps 2: the command was stopped after that many optimizer steps" in done.stderr
+@pytest.mark.xdist_group("loop_alone")  # (one worker: the plain run is made once)
+def test_max_steps_stops_the_command_with_a_clean_summary(run_here, loop_alone):
+    done, stdout, stderr = run_here("python", SCRIPT, options=("--max-steps", "2"))
+    assert done.code == 0, stderr
+    assert stdout == "".join(loop_alone.stdout.splitlines(keepends=True)[:2])
+    assert (done.report["status"], done.report["steps_run"]) == ("clean", 2)
+    assert "--max-steps 2: the command was stopped after that many optimizer steps" in stderr
 
 
 @pytest.mark.parametrize("bug, task, accumulate, where", [

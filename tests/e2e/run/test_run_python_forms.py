@@ -1,13 +1,14 @@
 """`debug-nan run -- python X` runs X as `python X` does: a script through a symlink (its neighbours import from
 the real file's folder), a folder or a .zip with a `__main__.py`; sys.argv[0], `__file__` and sys.path[0] as
-Python sets them; and a script's own traceback is the one `python X` prints (no runpy or debug-nan frames)."""
+Python sets them; and a script's own traceback is the one `python X` prints (no runpy or debug-nan frames). Each form
+runs alone in a fresh process (what Python gives it) and watched in this one (what debug-nan gives it)."""
 
 import os
 import zipfile
 
 import pytest
 
-from tests.support.run.side_by_side import TRAIN, plain, watched
+from tests.support.run.side_by_side import TRAIN, plain
 
 SHOWS = """import sys
 
@@ -47,23 +48,23 @@ def forms(tmp_path):
 
 @pytest.mark.parametrize("typed", ["real/train.py", "./real/../real/train.py", "link.py", "app/", "app",
                                    "app.zip"])
-def test_each_form_sees_what_python_gives_it(forms, typed):
+def test_each_form_sees_what_python_gives_it(forms, run_here, typed):
     alone = plain(typed, cwd=forms)
-    done, report = watched(typed, cwd=forms)
+    done, stdout, stderr = run_here("python", typed)
     assert alone.returncode == 3 and alone.stdout.startswith(f"argv ['{typed}'] file "), alone.stderr
-    assert done.returncode == 3, done.stderr
-    assert done.stdout == alone.stdout
-    assert (report["status"], report["steps_run"]) == ("clean", 3)
+    assert done.code == 3, stderr
+    assert stdout == alone.stdout
+    assert (done.report["status"], done.report["steps_run"]) == ("clean", 3)
 
 
-def test_the_scripts_traceback_is_the_one_python_prints(tmp_path):
+def test_the_scripts_traceback_is_the_one_python_prints(tmp_path, run_here):
     (tmp_path / "train.py").write_text(RAISES)
     alone = plain("train.py", cwd=tmp_path)
-    done, report = watched("train.py", cwd=tmp_path)
-    assert alone.returncode == 1 and done.returncode == 1, done.stderr
-    assert done.stdout == alone.stdout
+    done, stdout, stderr = run_here("python", "train.py")
+    assert alone.returncode == 1 and done.code == 1, stderr
+    assert stdout == alone.stdout
     assert alone.stderr.startswith("Traceback") and alone.stderr.endswith("ValueError: step 3 is not finite enough\n")
     assert "During handling of the above exception" in alone.stderr
-    assert alone.stderr in done.stderr  # the same block, frame for frame
-    assert "<frozen runpy>" not in done.stderr and "debug_nan" not in done.stderr
-    assert report["status"] == "error"
+    assert alone.stderr in stderr  # the same block, frame for frame
+    assert "<frozen runpy>" not in stderr and "debug_nan" not in stderr
+    assert done.report["status"] == "error"

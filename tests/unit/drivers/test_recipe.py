@@ -2,7 +2,6 @@
 added; training mode set once with frozen parts kept; the Trainer as the pinpointer's StepDriver."""
 
 import io
-from types import SimpleNamespace
 
 import pytest
 import torch

@@ -7,20 +7,10 @@ import pytest
 
 from debug_nan.errors import InputError
 from debug_nan.presentation.tensorboard import check_tensorboard, write_tensorboard
+from tests.support.tensorboard import read_back, values
 from tests.unit.presentation.test_history_table import deep_history
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-
-
-def read_back(folder):
-    (event,) = list(folder.glob("events.out.tfevents.*"))
-    acc = event_accumulator.EventAccumulator(str(event), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
-def values(acc, tag):
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 
 def test_history_written_as_scalars_per_layer(tmp_path):
