@@ -290,11 +290,16 @@ def _run_report(report: str | None) -> str | None:
               help="Gradient norm that counts as an explosion (with growth).")
 @click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
               help="...and growth over the smallest earlier norm.")
+@click.option("--bundle-dir", type=click.Path(file_okay=False), default=None,
+              help="Where a finding writes its repro bundle (the script's model, optimizer and the recorded code "
+                   "around the model, for debug-nan replay) [default: the report's folder, else .].")
+@click.option("--bundle/--no-bundle", default=True, help="Write a repro bundle on a finding. [default: bundle]")
 @click.option("--deterministic", is_flag=True,
               help="torch.use_deterministic_algorithms(True) in the command (changes its kernels: the pinpoint "
                    "does not need it, it replays from the run's own state).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic, command):
+def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bundle_dir, bundle, deterministic,
+        command):
     """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
 
     \b
@@ -306,13 +311,15 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, dete
     Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py ARGS; the
     ranks agree on every trip, each replays its own micro-batch, and they stop together."""
     report, log_path = paths.absolute(report), paths.absolute(log_path)  # the script may chdir
+    bundle_dir = paths.absolute(bundle_dir or (os.path.dirname(report) if report else ".")) if bundle else None
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
         with interrupts.deferred():
             require_versions()
             from debug_nan.app.run_job import RunOptions, run_command
-        options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic)
-        check_output_paths({"--report": report, "--log": log_path}, inputs)
+        options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic,
+                             bundle_dir)
+        check_output_paths({"--report": report, "--log": log_path}, inputs, bundle_dir)
         paths.refuse_foreign({"--report": report, "--log": log_path})
         code = run_command(list(command), options)
     except OutputWriteError as exc:

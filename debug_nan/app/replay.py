@@ -11,8 +11,11 @@ from __future__ import annotations
 import re
 import time
 
+import torch
+
 import debug_nan
 from debug_nan.aam.task import build_aam_model_task
+from debug_nan.drivers.run.bundle import replay_script_bundle
 from debug_nan.drivers.task import load_task
 from debug_nan.drivers.trainer.device import resolve_device
 from debug_nan.drivers.trainer.loop import Trainer
@@ -29,6 +32,15 @@ from debug_nan.presentation.summary import exit_code, report_dict, write_report,
 from debug_nan.process import streams
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import FIELD_TYPES, RunSettings
+
+
+def replay_script(b: dict, device_spec: str, log) -> tuple[Finding | None, torch.device]:
+    """A bundle `debug-nan run` wrote: the script's own objects and recorded code, replayed (drivers/run/bundle.py).
+    -> (finding, device)."""
+    device = resolve_device(device_spec, log)
+    log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle `debug-nan run` wrote on {b.get('device')} "
+        f"(torch {b.get('torch')}) on {device}: the script's model, optimizer and recorded code, from the bundle.")
+    return replay_script_bundle(b, device, log), device
 
 
 def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:
@@ -62,11 +74,7 @@ def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | 
     check = Check(**b["check"]) if b["check"] else None
     log(f"Replaying step {b['step']}, micro-batch {b['micro']} of a bundle written on {b.get('device')} "
         f"(torch {b.get('torch')}) on {device}.")
-    try:
-        finding = trainer.pinpointer.pinpoint(Trip(inputs, b["micro"], check, None, b["optimizer_phase"]))
-    except TaskFailure as failure:
-        log(f"The replay raised: {failure}")
-        finding = None
+    finding = trainer.pinpointer.pinpoint(Trip(inputs, b["micro"], check, None, b["optimizer_phase"]))
     return finding, trainer, notes
 
 
@@ -102,12 +110,20 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
     data = read_bundle(bundle)
     check_replay_outputs(bundle, report, log_path, data)
     log = Log(log_path)
-    trainer, notes = None, []
+    trainer, notes, device = None, [], None
     try:
         log.rule(f"debug-nan {debug_nan.__version__} replay {bundle}")
-        finding, trainer, notes = replay_bundle(data, bundle, device_spec, log)
+        if data.get("script") is not None:
+            finding, device = replay_script(data, device_spec, log)
+        else:
+            finding, trainer, notes = replay_bundle(data, bundle, device_spec, log)
+            device = trainer.device
         result = RunResult(status="nonfinite" if finding else "clean", steps_run=0, finding=finding,
                            findings=[finding] if finding else [], notes=notes)
+    except TaskFailure as failure:  # the task's (or script's) code raised in the replay, every value finite
+        log(f"The replay raised: {failure}", "red")
+        finding = None
+        result = RunResult(status="error", steps_run=0, error=str(failure), notes=notes)
     except KeyboardInterrupt as exc:
         log(f"Interrupted ({interrupt_name(exc)}) during the replay.", "yellow")
         result = interrupted_result(data, exc, notes)
@@ -129,7 +145,7 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
             result.notes.append("Same origin as recorded in the bundle." if same_origin(recorded, finding) else
                                 f"The recorded origin was {recorded['module']} {recorded['op']} "
                                 f"({recorded['cause']}); the replay differs (non-determinism or another device).")
-    elif not result.interrupted:
+    elif not result.interrupted and result.status != "error":
         result.notes.append("The replay did not reproduce a non-finite value.")
     result.notes.extend(streams.notes())
     if trainer is not None:
@@ -138,7 +154,6 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
     failure = None
     if report:
         settings = RunSettings(**{**data["settings"], "device": device_spec})
-        device = trainer.device if trainer is not None else None
         try:
             write_report(report, {**report_dict(result, settings, device, elapsed), "replay_of": bundle})
         except OutputWriteError as exc:

@@ -45,6 +45,7 @@ class RunOptions:
     explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
     explosion_growth: float = RunSettings.explosion_growth
     deterministic: bool = False  # torch.use_deterministic_algorithms in the run
+    bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
 
 
 class RunListener:
@@ -65,7 +66,8 @@ class RunListener:
         except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
             self.hooks.failure = exc
             raise RunStopped("error") from None
-        self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx)
+        self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
+                                bundle_dir=self.options.bundle_dir)
         count = sum(p.numel() for p in model.parameters())
         if optimizer is None:
             self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "

@@ -44,7 +44,8 @@ class FrameworkDriver:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.s, self.dist = settings, dist_ctx
         self.accumulation_steps = settings.gradient_accumulation_steps
-        sink = (lambda state: str(write_bundle(bundle_dir, state))) if bundle_dir is not None else None
+        self.bundle_dir = bundle_dir
+        sink = self.write_bundle if bundle_dir is not None else None
         self.session = self.session_class(self, SessionPolicies.from_settings(
             settings, self.dialect, scaler=self.scaler,
             agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
@@ -57,6 +58,10 @@ class FrameworkDriver:
         self.notes: list[str] = []
         self.error: str | None = None  # user code raised and the replay found no NaN/Inf behind it
         self.steps_run = 0
+
+    def write_bundle(self, state: dict) -> str:
+        """A finding's repro bundle (engine/session/repro.py's state) written into bundle_dir -> its path."""
+        return str(write_bundle(self.bundle_dir, state))
 
     @property
     def history(self):

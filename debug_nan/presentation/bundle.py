@@ -9,6 +9,7 @@ the file is now). app/replay.py rebuilds the run from it.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,9 +27,11 @@ BUNDLE_VERSION = 1
 REQUIRED_KEYS = ("settings", "step", "micro", "optimizer_phase", "check", "batches", "rng", "finding", "task")
 
 
-def write_bundle(directory: str | Path, state: dict) -> Path:
-    """Write `state` (train.repro.repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in `directory`
-    (OutputWriteError, naming the folder and the reason, when it cannot: a full disk, a read-only folder)."""
+def write_bundle(directory: str | Path, state: dict, pickler: dict | None = None) -> Path:
+    """Write `state` (engine/session/repro.py's repro_state()) atomically as debug-nan-bundle-step{S}-micro{M}.pt in
+    `directory` (OutputWriteError, naming the folder and the reason, when it cannot: a full disk, a read-only
+    folder). `pickler`: torch.save's pickle_module and pickle_protocol, where the state holds objects the standard
+    pickler cannot write (`debug-nan run`'s: drivers/run/bundle.py)."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -37,7 +40,8 @@ def write_bundle(directory: str | Path, state: dict) -> Path:
     path = directory / f"debug-nan-bundle-step{state['step']}-micro{state['micro']}.pt"
     data = {"version": BUNDLE_VERSION, **state, **task_reference(state["settings"].get("task"))}
     # a batch value that cannot be pickled fails inside the write too, leaving no half file
-    atomic_write(path, lambda handle: torch.save(data, handle, **torch_support.save_options()), "repro bundle")
+    options = pickler or torch_support.save_options()
+    atomic_write(path, lambda handle: torch.save(data, handle, **options), "repro bundle")
     return path
 
 
@@ -78,7 +82,9 @@ def read_bundle(path: str | Path) -> dict:
         what = "is a directory, not a bundle file" if path.is_dir() else "does not exist"
         raise InputError(f"Bundle {path} {what}.")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        with warnings.catch_warnings():  # (torch's own deprecation of the pytree specs a `run` bundle's tapes hold)
+            warnings.simplefilter("ignore", FutureWarning)
+            data = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - whatever torch.load raises, the file is not a readable bundle
         raise InputError(f"Bundle {path} is not a debug-nan repro bundle that can be read: {_load_failure(path, exc)}.") from None
     version = data.get("version") if isinstance(data, dict) else None

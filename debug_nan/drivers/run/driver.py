@@ -24,16 +24,18 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
 from debug_nan.drivers.framework import FrameworkDriver
+from debug_nan.drivers.run.bundle import PROTOCOL, pickle_module, script_modules_by_value, script_state
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
-from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
-from debug_nan.engine.replay.driver import NotReplayable, TaskFailure
+from debug_nan.drivers.run.replayer import TapeReplayer
+from debug_nan.drivers.run.tape import Tape
+from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.replay.snapshot import schedule_state
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.session import StepSession
 from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.history import History
 from debug_nan.engine.watch.watch_result import Check
-from debug_nan.frames import replayed_at
+from debug_nan.presentation.bundle import write_bundle
 
 
 class RunHistory(History):
@@ -78,17 +80,16 @@ class RunSession(StepSession):
         o.record.scaler_skipped = True
 
 
-class RunDriver(FrameworkDriver):
+class RunDriver(TapeReplayer, FrameworkDriver):
     framework = "script"
     session_class = RunSession
     dialect = "script"  # advice in the words of the user's own loop
 
-    def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None):
-        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer))
+    def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None, bundle_dir: str | None = None):
+        super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer),
+                         bundle_dir=bundle_dir)
         self.hooks = hooks
         self.step_open = False
-        self._backward: tuple | None = None  # the replayed micro-batch's backward() arguments
-        self._values: list | None = None  # ... and its tape's values (an update may use them)
         self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
 
     def finish(self):
@@ -106,6 +107,15 @@ class RunDriver(FrameworkDriver):
             self.answer_seconds = time.perf_counter() - started
         return finding
 
+    def write_bundle(self, state: dict) -> str:
+        """The bundle of a finding (drivers/run/bundle.py): the script's model, optimizer and scheduler themselves
+        (the session restored them to the failing step's start to read its state) and the tapes."""
+        state = script_state(state, self.model, self.optimizer, self.session.snapshot.scheduler,
+                             self.dist.world if self.dist is not None else 1)
+        options = {"pickle_module": pickle_module(), "pickle_protocol": PROTOCOL}
+        with script_modules_by_value():
+            return str(write_bundle(self.bundle_dir, state, options))
+
     def follow(self, optimizer, scheduler) -> None:
         """The script replaced its optimizer (a second training stage): the session follows the new one."""
         self.optimizer = optimizer
@@ -115,43 +125,6 @@ class RunDriver(FrameworkDriver):
         """The script's GradScaler, known at its first scale(): the gradients' norms are read unscaled."""
         if self.scaler is None and scaler is not None and scaler.is_enabled():
             self.scaler = self.session.scaler = scaler
-
-    # -- StepDriver methods: the script's code, replayed from its tapes ----------------------------------------
-    def replay_loss(self, batch, tape: Tape | None = None):
-        """The micro-batch's recorded calls again, the model called on `batch` -> (the first tensor the script's
-        backward() took, the others as parts)."""
-        if tape is None:
-            raise NotReplayable("no record of the script's code for this micro-batch")
-        args, kwargs = call_arguments(batch, tape.first_form)
-        values = self._values = tape.replay(self.model, args, kwargs)
-        if tape.backward is None:  # the run's micro-batch ended before its backward (it raised, or was given up):
-            # the harm to look for is in the model's outputs, as far as the run got
-            self._backward = None
-            outputs = [values[s] for e in tape.entries if e.func is MODEL for s in e.outputs if s is not None]
-            outputs = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            if not outputs:
-                raise _RaisedHere()
-            return outputs[0], {f"model output {i}": t for i, t in enumerate(outputs[1:], 2)}
-        self._backward = tape.backward_args(values)
-        tensors = self._backward[0][0]
-        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        return tensors[0], {f"backward() tensor {i}": t for i, t in enumerate(tensors[1:], 2)}
-
-    def backward(self, loss, scaled: bool = True) -> None:
-        if self._backward is None:
-            raise _RaisedHere()
-        args, kwargs = self._backward
-        torch.autograd.backward(*args, **kwargs)
-
-    def optimizer_step(self, tape: Tape | None = None) -> None:
-        """The script's code between its last backward and the optimizer step (clipping, unscaling), then the
-        step."""
-        if tape is None:
-            raise NotReplayable("no record of the script's code before its optimizer step")
-        tape.replay(self.model, (), {}, self._values)  # (a loop with no optimizer: its whole update is here)
-        if self.optimizer is not None:
-            with replayed_at(tape.step_location):
-                self.optimizer.step()
 
     @contextmanager
     def watch_paused(self):
@@ -262,14 +235,6 @@ class RunDriver(FrameworkDriver):
 
 class ScriptGaveUp(Exception):
     """The command ended inside a micro-batch, before its backward (an exit, or its own error caught)."""
-
-
-class _RaisedHere(RuntimeError):
-    """The replay reached the point where the run's micro-batch ended before its backward (it raised, or the
-    script gave up on it): the origin before it is the finding."""
-
-    def __init__(self):
-        super().__init__("the run's micro-batch ended here, before its backward()")
 
 
 def _nonfinite_reading(outputs: list) -> float | None:

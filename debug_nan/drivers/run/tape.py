@@ -47,7 +47,20 @@ class Entry:
     location: tuple | None = None  # (filename, lineno) of the user's line that made the call
 
 
-MODEL = "model"
+class _ModelCall:
+    """The entry of a call of the model itself. One object, compared by identity: a bundle's copy (pickled by
+    name) is this one again."""
+
+    __name__ = "model"  # (what a message calls the entry's function)
+
+    def __reduce__(self):
+        return "MODEL"
+
+    def __repr__(self):
+        return "MODEL"
+
+
+MODEL = _ModelCall()
 
 
 @dataclass
@@ -154,6 +167,31 @@ class Tape:
         return Tape(entries=self.entries[:calls[n] + 1], externals=self.externals, slots=self.slots,
                     first_form=self.first_form, unreplayable=self.unreplayable, inputs=self.inputs)
 
+    # -- a repro bundle's copy ----------------------------------------------------------------------------------
+    def portable(self) -> Tape:
+        """This tape as a repro bundle keeps it: no weak references, each outside tensor held by value (a view
+        copied alone, not the storage under it: a slice of a whole dataset). Raises NotReplayable where the
+        script changed an outside tensor in place since it used it (its value then is gone)."""
+        externals = []
+        for tensor, version in self.externals:
+            if version is not None and tensor._version != version:
+                raise NotReplayable(f"the script changed a {tuple(tensor.shape)} tensor in place after using it, so "
+                                    f"its value then is gone")
+            value = tensor.detach()
+            whole = value.untyped_storage().nbytes() == value.numel() * value.element_size()
+            externals.append((value if whole and value.is_contiguous() else value.clone(), None))
+        return Tape(entries=self.entries, externals=externals, slots=self.slots, backward=self.backward,
+                    first_form=self.first_form, step_location=self.step_location,
+                    previous=self.previous.portable() if self.previous is not None else None, inputs=self.inputs,
+                    unreplayable=self.unreplayable)
+
+    def to(self, device: torch.device) -> Tape:
+        """A portable tape's outside tensors on `device` (a bundle replayed on another device than the run's)."""
+        self.externals = [(tensor.to(device), version) for tensor, version in self.externals]
+        if self.previous is not None:
+            self.previous.to(device)
+        return self
+
     # -- replay -------------------------------------------------------------------------------------------------
     def replay(self, call_model, first_args: tuple, first_kwargs: dict, previous: list | None = None) -> list:
         """Call every entry again; the first model call gets (first_args, first_kwargs) (the captured batch) ->
@@ -243,6 +281,13 @@ def call_arguments(batch, form: str) -> tuple[tuple, dict]:
     return tuple(rest.pop("args")), rest
 
 
+def _annotation(func) -> bool:
+    """A profiler annotation (an optimizer step's record_function): computes nothing, and its handle is not data."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name.startswith("profiler::")
+    return isinstance(func, torch._ops.OpOverloadPacket) and func._qualified_op_name.startswith("profiler::")
+
+
 class Recorder(TorchFunctionMode):
     """Writes the torch calls made while a tape is open into it; passes every call through otherwise.
 
@@ -263,7 +308,7 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tape = self.tape
-        if tape is None or self.suspended or getattr(func, "__name__", "") == "backward":
+        if tape is None or self.suspended or getattr(func, "__name__", "") == "backward" or _annotation(func):
             return func(*args, **kwargs)
         entry = tape.arguments(func, args, kwargs)
         out = func(*args, **kwargs)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.drivers.run.tape import Recorder, Tape, call_arguments
+from debug_nan.drivers.run.tape import MODEL, Recorder, Tape, call_arguments
 from debug_nan.engine.replay.driver import NotReplayable
 
 
@@ -96,4 +96,4 @@ def test_nothing_is_recorded_without_a_tape_or_inside_the_model(recorder):
     out = forward(recorder, tape, model, x)
     assert out.shape == (1, 1) and out.dim() == 2  # a shape is no tensor: not recorded
     recorder.tape = None
-    assert [e.func for e in tape.entries] == ["model"]
+    assert [e.func for e in tape.entries] == [MODEL]
