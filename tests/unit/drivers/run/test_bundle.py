@@ -14,7 +14,6 @@ from debug_nan.drivers.run import bundle
 from debug_nan.drivers.run.tape import MODEL, Recorder, Tape
 from tests.unit.drivers.run.test_tape import forward
 
-
 pytestmark = pytest.mark.skipif(bool(torch_support.save_options()), reason="torch < 2.6 on Python 3.13 writes no "
                                 "`run` bundle (test_a_bundle_is_refused_where_torch_save_takes_no_pickler)")
 
