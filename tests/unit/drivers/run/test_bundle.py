@@ -11,19 +11,11 @@ from torch import nn
 
 from debug_nan import torch_support
 from debug_nan.drivers.run import bundle
-from debug_nan.drivers.run.tape import MODEL, Recorder, Tape
+from debug_nan.drivers.run.tape import MODEL, Tape
 from tests.unit.drivers.run.test_tape import forward
 
 pytestmark = pytest.mark.skipif(bool(torch_support.save_options()), reason="torch < 2.6 on Python 3.13 writes no "
                                 "`run` bundle (test_a_bundle_is_refused_where_torch_save_takes_no_pickler)")
-
-
-@pytest.fixture
-def recorder():
-    r = Recorder()
-    r.install()
-    yield r
-    r.uninstall()
 
 
 def _dumps(module, obj) -> bytes:

@@ -9,14 +9,6 @@ from debug_nan.drivers.run.tape import MODEL, Recorder, Tape, call_arguments
 from debug_nan.engine.replay.driver import NotReplayable
 
 
-@pytest.fixture
-def recorder():
-    r = Recorder()
-    r.install()
-    yield r
-    r.uninstall()
-
-
 def forward(recorder: Recorder, tape: Tape, model: nn.Module, x: torch.Tensor, first: bool = True):
     """What drivers/run/hooks.py does around a model call: its tensors bound, the recorder off inside it."""
     if first:

@@ -1,0 +1,12 @@
+import pytest
+
+from debug_nan.drivers.run.tape import Recorder
+
+
+@pytest.fixture
+def recorder():
+    """The tape's TorchFunctionMode on torch's stack for one test."""
+    r = Recorder()
+    r.install()
+    yield r
+    r.uninstall()
