@@ -11,10 +11,13 @@ its own. The layers, by role (ARCHITECTURE.md):
 """
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+
+from debug_nan.settings import SECTIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "debug_nan"
 
@@ -151,3 +154,20 @@ def test_no_import_cycle():
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_file_over_350_lines(path):
     assert len(path.read_text().splitlines()) <= 360, "split it: one responsibility per file"
+
+
+def test_only_the_built_in_task_reads_its_settings():
+    """The [data] and [model] tables of the settings are the built-in AAM task's: outside aam/ only the application
+    (which builds it and prints its header) may read them, so the engine, presentation and the other drivers
+    carry no AAM knob."""
+    names = "|".join(SECTIONS["data"] + SECTIONS["model"])
+    read = re.compile(rf"\b(?:s|settings|self\.s|trainer\.s|\w+\.settings)\.({names})\b")
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = path.relative_to(PACKAGE).parts[0]
+        if part in ("aam", "app") or path.name == "settings.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if (m := read.search(line)) is not None:
+                found.append(f"{path.relative_to(PACKAGE)}:{n} reads {m[1]}")
+    assert not found, found
