@@ -239,7 +239,7 @@ class Hooks(WatchedOptimizer):
         self.backward_since_open = self.stepped_this_step = False
         self.open = True
         self.micro += 1
-        self.recorder.tape = Tape(first_form=batch_form(args, kwargs))
+        self.recorder.tape = Tape(first_form=batch_form(args, kwargs), owner=bare(self.root))
         self.listener.micro_begin(batch_of(args, kwargs), self.step, self.micro)
 
     # -- backward ----------------------------------------------------------------------------------------------
@@ -271,7 +271,8 @@ class Hooks(WatchedOptimizer):
             self.in_backward = False
         self.open = False
         self.backward_since_open = True
-        self.recorder.tape = Tape(previous=tape)  # the update: what the script does before the optimizer step
+        # the update: what the script does before the optimizer step
+        self.recorder.tape = Tape(previous=tape, owner=tape.owner if tape is not None else None)
         self.listener.backward_end(self.step, self.micro)
         return result
 

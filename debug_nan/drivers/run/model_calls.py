@@ -1,4 +1,5 @@
-"""Which module of the user's script is the model, and what one of its calls gives (`debug-nan run`)."""
+"""Which module of the user's script is the model, what one of its calls gives, and what its modules keep
+(`debug-nan run`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import gc
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from debug_nan.engine.replay.driver import NotReplayable
 
 
 def bare(module: nn.Module) -> nn.Module:
@@ -73,3 +76,35 @@ def owners(wanted: set[int]) -> list[nn.Module]:
             if wanted <= ids:
                 found.append(obj)
     return found
+
+
+def held_by(model: nn.Module | None, x: torch.Tensor) -> tuple | None:
+    """Where the model keeps `x` as it left its forward: (module name, attribute, index or key, or None), for a
+    tensor a module stored on itself (an auxiliary loss, `self.aux_loss = ...` in a mixture of experts; a forward
+    hook's `module.saved = output`), or None. Walked only for a tensor with a graph that the tape did not record."""
+    if model is None:
+        return None
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if value is x:
+                return name, attr, None
+            if attr.startswith("_"):  # (torch's own dicts: parameters, buffers, submodules, hooks)
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value) \
+                if isinstance(value, (list, tuple)) else ()
+            for key, item in items:
+                if item is x:
+                    return name, attr, key
+    return None
+
+
+def attribute(model: nn.Module, name: str, attr: str, key) -> torch.Tensor:
+    """The replay's value of what held_by found: the attribute as the replayed forward left it."""
+    try:
+        value = getattr(model.get_submodule(name), attr)
+        value = value if key is None else value[key]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        value = None
+    if not isinstance(value, torch.Tensor):
+        raise NotReplayable(f"the model's `{name or '<root>'}.{attr}` held a tensor in the run, not in the replay")
+    return value

@@ -15,8 +15,10 @@ script's files, prints and logs are not touched again. A tensor argument is one 
   * a parameter of the model (restored in place by the copy),
   * an outside tensor (targets, a mask made before the forward): cloned when small, else kept with its version
     counter, which must not have moved at the replay (the script changed it in place since: not replayable),
-  * never a tensor that carries a graph made outside the tape (a hook's stash of a forward activation): the tape
-    says why it cannot be replayed, and the watch's finding stands.
+  * a module attribute: a tensor the model's forward left on one of its modules (a mixture of experts'
+    `self.aux_loss`), read there again after the replayed forward (held_by),
+  * never another tensor that carries a graph made outside the tape (a hook's stash in a dict of the script's):
+    the tape says why it cannot be replayed, and the watch's finding stands.
 Tensors are tracked by identity with weak references: the tape keeps none of the run's activations alive.
 """
 
@@ -31,6 +33,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from debug_nan.drivers.run.model_calls import attribute, held_by
 from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.frames import replayed_at, user_location
 
@@ -76,6 +79,7 @@ class Tape:
     previous: Tape | None = None  # an update's: the micro-batch tape it follows (its values may be used here)
     inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
     unreplayable: str | None = None
+    owner: nn.Module | None = None  # the bare model: a module attribute holding a tensor is found in it
     _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
     _external_of: dict = field(default_factory=dict)  # id(tensor) -> (index in externals, the tensor)
 
@@ -133,11 +137,13 @@ class Tape:
             return ("m", before[0])
         known = self._external_of.get(id(x))
         index = known[0] if known is not None and known[1] is x else None
+        if index is None and x.grad_fn is not None and (held := held_by(self.owner, x)) is not None:
+            return ("a", held)  # made by the model's forward, kept on one of its modules: read there again
         if index is None:
             if x.grad_fn is not None and self.unreplayable is None:
                 self.unreplayable = (f"the script's code used a {tuple(x.shape)} tensor computed by "
                                      f"{type(x.grad_fn).__name__} outside the recorded calls (e.g. an activation "
-                                     f"a hook stashed during the model's forward): its graph cannot be rebuilt")
+                                     f"a hook stashed outside the model): its graph cannot be rebuilt")
             index = len(self.externals)
             small = x.numel() <= SMALL and x.grad_fn is None and not x.requires_grad
             self.externals.append((x.detach().clone(), None) if small else (x, x._version))
@@ -199,7 +205,7 @@ class Tape:
         NotReplayable where the replay cannot follow the run."""
         if self.unreplayable is not None:
             raise NotReplayable(self.unreplayable)
-        self._previous_values = previous or []
+        self._previous_values, self._model = previous or [], call_model
         values: list = [None] * self.slots
         given = [t for t in tree_flatten((first_args, first_kwargs))[0] if isinstance(t, torch.Tensor)]
         if len(given) != len(self.inputs):
@@ -255,6 +261,8 @@ class Tape:
                     raise NotReplayable(f"the script changed a {tuple(tensor.shape)} tensor in place after using it "
                                         f"in this micro-batch, so its value then is gone")
                 out.append(tensor)
+            elif kind == "a":
+                out.append(attribute(self._model, *x))
             else:  # "p" (a live parameter) or "c" (a constant)
                 out.append(x)
         return tree_unflatten(out, spec)

@@ -95,6 +95,45 @@ for step in range(1, 5):
     optimizer.zero_grad()
 """
 
+# a mixture of experts' router keeps its balance loss on itself (`self.aux_loss`), which the loop adds to its loss
+MOE = """import torch
+from torch import nn
+
+
+class Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(8, 8)
+        self.temperature, self.aux_loss = 1.0, None
+
+    def forward(self, h):
+        probs = (self.gate(h) / self.temperature).softmax(-1)
+        self.aux_loss = -probs.mean(0).log().mean()  # a balance loss kept on the module, as MoE code does
+        return h * probs.max(-1, keepdim=True).values
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.router, self.head = nn.Linear(6, 8), Router(), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.router(self.embed(x)))
+
+
+torch.manual_seed(0)
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step in range(1, 6):
+    model.router.temperature = 1e-4 if step == 3 else 1.0  # an annealing schedule that goes too far
+    x, y = torch.randn(4, 6), torch.randn(4, 1)
+    loss = (model(x) - y).pow(2).mean() + 0.01 * model.router.aux_loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
 
 def test_a_gradient_penalty_is_replayed_through_its_autograd_grad(tmp_path, run_here):
     """torch.autograd.grad inside the loss code, with respect to the model's own input (a leaf that requires
@@ -154,3 +193,17 @@ def test_a_compiled_model_is_replayed_eagerly_and_its_op_named(tmp_path, run_her
     assert (first["step"], first["phase"], first["module"], first["op"], first["cause"]) == (
         3, "forward", "", "aten.exp.default", "overflow")
     assert first["source"] == "compiled.py:12"
+
+
+def test_an_auxiliary_loss_a_module_keeps_on_itself_is_replayed(tmp_path, run_here):
+    """The loop reads `model.router.aux_loss`, a tensor the router's forward left on the module (made outside the
+    tape, with a graph): the replay reads the attribute again after the replayed forward. At step 3 the annealed
+    temperature makes the routing one-hot, an expert gets no probability at all and the balance loss's log is
+    -inf."""
+    (tmp_path / "moe.py").write_text(MOE)
+    done, stdout, _ = run_here("python", "moe.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["phase"], first["module"], first["op"], first["cause"], first["source"]) == (
+        3, "forward", "router", "aten.log.default", "log_of_nonpositive", "moe.py:13")
+    assert stdout.count("\n") == 2

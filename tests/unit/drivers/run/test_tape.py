@@ -89,3 +89,37 @@ def test_nothing_is_recorded_without_a_tape_or_inside_the_model(recorder):
     assert out.shape == (1, 1) and out.dim() == 2  # a shape is no tensor: not recorded
     recorder.tape = None
     assert [e.func for e in tape.entries] == [MODEL]
+
+
+class Router(nn.Module):
+    """A mixture of experts' router, keeping its auxiliary loss on itself as it leaves its forward (as Switch
+    Transformer code does), and a list of what it routed."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(4, 3)
+        self.aux_loss, self.routed = None, []
+
+    def forward(self, x):
+        probs = self.gate(x).softmax(-1)
+        self.aux_loss = (probs.mean(0) ** 2).sum() * 3
+        self.routed = [probs]
+        return x + probs.sum(-1, keepdim=True)
+
+
+def test_a_tensor_a_module_keeps_on_itself_is_read_there_again(recorder):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Router())
+    x = torch.randn(5, 4)
+    tape = recorder.tape = Tape(first_form="single", owner=model)
+    out = forward(recorder, tape, model, x)
+    loss = out.pow(2).mean() + 0.01 * model[1].aux_loss + model[1].routed[0].max()
+    recorder.tape = None
+    tape.close((loss,), {})
+    assert tape.unreplayable is None
+    assert [leaf for e in tape.entries for leaf in e.leaves if leaf[0] == "a"] == [
+        ("a", ("1", "aux_loss", None)), ("a", ("1", "routed", 0))]
+    values = tape.replay(model, (x.clone(),), {})
+    (replayed,), _ = tape.backward_args(values)
+    assert torch.equal(replayed, loss)
+    assert replayed.grad_fn is not loss.grad_fn  # made again by the replayed forward, not the run's
