@@ -108,3 +108,52 @@ def attribute(model: nn.Module, name: str, attr: str, key) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise NotReplayable(f"the model's `{name or '<root>'}.{attr}` held a tensor in the run, not in the replay")
     return value
+
+
+def stashed_by_hook(model: nn.Module | None, x: torch.Tensor) -> tuple | None:
+    """(container, key) of a dict or list a forward hook of the script's stores `x` in (`activations[name] = output`
+    in a hook made by a closure, or a global the hook names), or None: the replayed forward runs the hook again, so
+    the container then holds the replay's value. Only the modules that have forward hooks are looked at."""
+    if model is None:
+        return None
+    for module in model.modules():
+        for hook in list(module._forward_hooks.values()):
+            for container in _hook_containers(hook):
+                items = container.items() if isinstance(container, dict) else enumerate(container)
+                for key, item in items:
+                    if item is x:
+                        return container, key
+    return None
+
+
+def _hook_containers(hook) -> list:
+    """The dicts and lists a hook function can reach: its closure's cells, the globals its code names, its bound
+    object's attributes."""
+    function = getattr(hook, "__func__", hook)
+    code = getattr(function, "__code__", None)
+    if code is None:  # (debug-nan's own hooks, a C function)
+        return []
+    values = [cell.cell_contents for cell in (function.__closure__ or ()) if _filled(cell)]
+    values += [function.__globals__[n] for n in code.co_names if n in function.__globals__]
+    if hasattr(hook, "__self__"):
+        values += list(vars(hook.__self__).values()) if hasattr(hook.__self__, "__dict__") else []
+    return [v for v in values if isinstance(v, (dict, list)) and len(v) <= 4096]  # (not a dataset the hook names)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def stashed(container, key) -> torch.Tensor:
+    """The replay's value of what stashed_by_hook found."""
+    try:
+        value = container[key]
+    except (KeyError, IndexError):
+        value = None
+    if not isinstance(value, torch.Tensor):
+        raise NotReplayable(f"a forward hook's `[{key!r}]` held a tensor in the run, not in the replay")
+    return value

@@ -17,8 +17,10 @@ script's files, prints and logs are not touched again. A tensor argument is one 
     counter, which must not have moved at the replay (the script changed it in place since: not replayable),
   * a module attribute: a tensor the model's forward left on one of its modules (a mixture of experts'
     `self.aux_loss`), read there again after the replayed forward (held_by),
-  * never another tensor that carries a graph made outside the tape (a hook's stash in a dict of the script's):
-    the tape says why it cannot be replayed, and the watch's finding stands.
+  * a hook's stash: a tensor a forward hook of the script's stored in a dict or list (`activations[name] =
+    output`), read there again after the replayed forward has run the hook again (stashed_by_hook),
+  * never another tensor that carries a graph made outside the tape: the tape says why it cannot be replayed, and
+    the watch's finding stands.
 Tensors are tracked by identity with weak references: the tape keeps none of the run's activations alive.
 """
 
@@ -33,7 +35,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from debug_nan.drivers.run.model_calls import attribute, held_by
+from debug_nan.drivers.run.model_calls import attribute, held_by, stashed, stashed_by_hook
 from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.frames import replayed_at, user_location
 
@@ -139,6 +141,8 @@ class Tape:
         index = known[0] if known is not None and known[1] is x else None
         if index is None and x.grad_fn is not None and (held := held_by(self.owner, x)) is not None:
             return ("a", held)  # made by the model's forward, kept on one of its modules: read there again
+        if index is None and x.grad_fn is not None and (held := stashed_by_hook(self.owner, x)) is not None:
+            return ("k", held)  # ... or stored by a forward hook of the script's: the hook stores it again
         if index is None:
             if x.grad_fn is not None and self.unreplayable is None:
                 self.unreplayable = (f"the script's code used a {tuple(x.shape)} tensor computed by "
@@ -263,6 +267,8 @@ class Tape:
                 out.append(tensor)
             elif kind == "a":
                 out.append(attribute(self._model, *x))
+            elif kind == "k":
+                out.append(stashed(*x))
             else:  # "p" (a live parameter) or "c" (a constant)
                 out.append(x)
         return tree_unflatten(out, spec)

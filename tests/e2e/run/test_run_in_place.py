@@ -134,6 +134,32 @@ for step in range(1, 6):
     print(f"step {step} loss {loss.item():.4f}")
 """
 
+# a feature loss: a forward hook stores a layer's output in the script's dict, the loss code reads it there
+FEATURES = """import torch
+from torch import nn
+
+features = {}
+
+
+def keep(name):
+    def hook(module, args, output):
+        features[name] = output
+    return hook
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8, bias=False), nn.ReLU(), nn.Linear(8, 1))
+model[1].register_forward_hook(keep("relu"))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1, 5):
+    x = torch.randn(6, 4) * (0.0 if step == 3 else 1.0)  # step 3: a batch of padding, every ReLU output 0
+    loss = model(x).pow(2).mean() - 0.01 * features["relu"].mean().log()  # a feature loss: log(0) there
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
 
 def test_a_gradient_penalty_is_replayed_through_its_autograd_grad(tmp_path, run_here):
     """torch.autograd.grad inside the loss code, with respect to the model's own input (a leaf that requires
@@ -206,4 +232,16 @@ def test_an_auxiliary_loss_a_module_keeps_on_itself_is_replayed(tmp_path, run_he
     first = done.first
     assert (first["step"], first["phase"], first["module"], first["op"], first["cause"], first["source"]) == (
         3, "forward", "router", "aten.log.default", "log_of_nonpositive", "moe.py:13")
+    assert stdout.count("\n") == 2
+
+
+def test_a_hooks_stash_the_loss_code_reads_is_replayed(tmp_path, run_here):
+    """The loss reads a layer's output a forward hook stored in the script's dict: the replayed forward runs the
+    hook again and the loss code's log is named at its line."""
+    (tmp_path / "features.py").write_text(FEATURES)
+    done, stdout, _ = run_here("python", "features.py")
+    assert done.code == 1, done.output
+    first = done.first
+    assert (first["step"], first["phase"], first["op"], first["cause"], first["source"]) == (
+        3, "loss", "aten.log.default", "log_of_nonpositive", "features.py:19")
     assert stdout.count("\n") == 2

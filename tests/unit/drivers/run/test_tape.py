@@ -123,3 +123,30 @@ def test_a_tensor_a_module_keeps_on_itself_is_read_there_again(recorder):
     (replayed,), _ = tape.backward_args(values)
     assert torch.equal(replayed, loss)
     assert replayed.grad_fn is not loss.grad_fn  # made again by the replayed forward, not the run's
+
+
+def test_a_hooks_stash_in_a_dict_of_the_scripts_is_read_there_again(recorder):
+    """The common feature-loss pattern: a forward hook made by a closure stores a layer's output in a dict the
+    loss code reads; the replayed forward runs the hook again, so the dict holds the replayed activation."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    features = {}
+
+    def keep(name):
+        def hook(module, args, output):
+            features[name] = output
+        return hook
+
+    model[1].register_forward_hook(keep("hidden"))
+    x = torch.randn(3, 4)
+    tape = recorder.tape = Tape(first_form="single", owner=model)
+    out = forward(recorder, tape, model, x)
+    loss = out.pow(2).mean() + features["hidden"].abs().mean()
+    recorder.tape = None
+    tape.close((loss,), {})
+    assert tape.unreplayable is None
+    assert [leaf[1][1] for e in tape.entries for leaf in e.leaves if leaf[0] == "k"] == ["hidden"]
+    stale = features["hidden"]
+    values = tape.replay(model, (x.clone(),), {})
+    (replayed,), _ = tape.backward_args(values)
+    assert torch.equal(replayed, loss) and features["hidden"] is not stale
