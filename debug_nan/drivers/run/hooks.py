@@ -30,8 +30,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
+from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
-from debug_nan.drivers.run.tape import Recorder, Tape, batch_form
+from debug_nan.drivers.run.tape import Tape, batch_form
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
 from debug_nan.frames import user_location

@@ -26,13 +26,11 @@ Tensors are tracked by identity with weak references: the tape keeps none of the
 
 from __future__ import annotations
 
-import threading
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from debug_nan.drivers.run.model_calls import attribute, held_by, stashed, stashed_by_hook
@@ -40,7 +38,6 @@ from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.frames import replayed_at, user_location
 
 SMALL = 1 << 16  # outside tensors up to this many elements are cloned when first used (targets, masks, scales)
-_SCALARS = (bool, int, float, str, torch.Size, torch.dtype, torch.device)  # outputs that change no tensor
 
 
 @dataclass
@@ -293,71 +290,3 @@ def call_arguments(batch, form: str) -> tuple[tuple, dict]:
         return tuple(batch), {}
     rest = dict(batch)
     return tuple(rest.pop("args")), rest
-
-
-def _annotation(func) -> bool:
-    """A profiler annotation (an optimizer step's record_function): computes nothing, and its handle is not data."""
-    if isinstance(func, torch._ops.OpOverload):
-        return func._schema.name.startswith("profiler::")
-    return isinstance(func, torch._ops.OpOverloadPacket) and func._qualified_op_name.startswith("profiler::")
-
-
-class Recorder(TorchFunctionMode):
-    """Writes the torch calls made while a tape is open into it; passes every call through otherwise.
-
-    It stays on torch's function-mode stack for the whole command, except inside the model's forward and the
-    optimizer step (`suspend` / `resume`), where the ops are many and none is the script's own code. The stack is
-    per thread: a script that trains in a thread of its own gets the recorder there at its model's first call."""
-
-    def __init__(self):
-        super().__init__()
-        self.tape: Tape | None = None
-        self.installed = False
-        self._here = threading.local()  # this thread's: pushed (on its stack), suspended (nested count)
-
-    @property
-    def suspended(self) -> int:
-        return getattr(self._here, "suspended", 0)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        tape = self.tape
-        if tape is None or self.suspended or getattr(func, "__name__", "") == "backward" or _annotation(func):
-            return func(*args, **kwargs)
-        entry = tape.arguments(func, args, kwargs)
-        out = func(*args, **kwargs)
-        if not isinstance(out, _SCALARS):  # (a shape, .item(): nothing a later call can take as a tensor)
-            tape.returned(entry, out)
-        return out
-
-    def install(self) -> None:
-        self.installed = True
-        self._push()
-
-    def uninstall(self) -> None:
-        self.installed = False
-        if getattr(self._here, "pushed", False) and self._on_top():
-            torch._C._pop_torch_function_stack()
-        self._here.pushed = False
-
-    def _push(self) -> None:
-        torch._C._push_on_torch_function_stack(self)
-        self._here.pushed = True
-
-    def _on_top(self) -> bool:
-        n = torch._C._len_torch_function_stack()
-        return n > 0 and torch._C._get_function_stack_at(n - 1) is self
-
-    def suspend(self) -> None:
-        """Off the stack (entering the model's forward or the optimizer step); nested calls count."""
-        here = self._here
-        here.suspended = getattr(here, "suspended", 0) + 1
-        if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
-            torch._C._pop_torch_function_stack()
-            here.pushed = False
-
-    def resume(self) -> None:
-        here = self._here
-        here.suspended = max(0, getattr(here, "suspended", 0) - 1)
-        if here.suspended == 0 and not getattr(here, "pushed", False) and self.installed:
-            self._push()

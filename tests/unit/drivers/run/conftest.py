@@ -1,6 +1,6 @@
 import pytest
 
-from debug_nan.drivers.run.tape import Recorder
+from debug_nan.drivers.run.recorder import Recorder
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from debug_nan.drivers.run.tape import MODEL, Recorder, Tape, call_arguments
+from debug_nan.drivers.run.recorder import Recorder
+from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
 from debug_nan.engine.replay.driver import NotReplayable
 
 
