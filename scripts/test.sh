@@ -23,7 +23,7 @@ fi
 WORKERS="${DEBUG_NAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 PARALLEL=()
 if [[ "$WORKERS" -gt 1 ]] && "$PY" -c "import xdist" 2>/dev/null; then
-    PARALLEL=(-n "$WORKERS" --dist loadgroup)  # (tests that share one costly fixture are marked xdist_group)
+    PARALLEL=(-n "$WORKERS")  # (a costly run several tests share is made once: tests/support/once.py)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 exec "$PY" -m pytest ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

@@ -98,7 +98,7 @@ for leg in "${LEGS[@]}"; do
     installed=$((SECONDS - started))
     say "$name: installed in ${installed} s: $("$venv/bin/python" -c 'import sys, torch; print("Python", sys.version.split()[0], "torch", torch.__version__)')"
     if ! OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$(nproc 2>/dev/null || echo 2)" \
-            --dist loadgroup --durations=10 "${UNIT[@]}" "${E2E[@]}" "${SKIP[@]}"; then
+            --durations=10 "${UNIT[@]}" "${E2E[@]}" "${SKIP[@]}"; then
         failed+=("$name")
     fi
     say "$name: $((SECONDS - started)) s in all (install ${installed} s)"

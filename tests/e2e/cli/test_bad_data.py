@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import biom
 import h5py
 import numpy as np
 import pytest

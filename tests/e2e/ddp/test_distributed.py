@@ -10,6 +10,7 @@ import pytest
 
 from debug_nan import torch_support
 from tests.conftest import SCENARIOS, TINY
+from tests.support.once import once
 from tests.support.ports import reserved_port
 
 
@@ -59,15 +60,13 @@ def test_poison_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
 
 @pytest.fixture(scope="session")
 def clean_run(tmp_path_factory):
-    """A healthy job on 2 ranks (3 steps, accumulation 2), once: what the tests below read from it (session-scoped:
-    a module's fixture is set up again whenever pytest-xdist runs another module's test in between)."""
-    folder = tmp_path_factory.mktemp("clean_run")
-    proc, _ = torchrun("--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "3",
-                       "--gradient-accumulation-steps", "2", "--report", "r.json", cwd=folder)
-    return proc, folder
+    """A healthy job on 2 ranks (3 steps, accumulation 2), once (tests/support/once.py): what the tests below
+    read from it."""
+    return once(tmp_path_factory, "ddp-clean-run", lambda folder: torchrun(
+        "--task", f"{SCENARIOS}:healthy_masks", "--device", "cpu", "--max-steps", "3", "--gradient-accumulation-steps",
+        "2", "--report", "r.json", cwd=folder)[0])
 
 
-@pytest.mark.xdist_group("ddp_clean_run")  # (one worker: the run is made once)
 def test_clean_two_process_run_exits_0(clean_run):
     proc, folder = clean_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -147,7 +146,6 @@ def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(
     assert "Traceback" not in proc.stdout
 
 
-@pytest.mark.xdist_group("ddp_clean_run")  # (one worker: the run is made once)
 def test_the_header_says_how_gradients_are_averaged(clean_run):
     proc, _ = clean_run
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -67,7 +67,6 @@ def epochs_alone(tmp_path_factory):
     return alone(write(tmp_path_factory.mktemp("epochs"), EPOCHS))
 
 
-@pytest.mark.xdist_group("epochs_alone")  # (one worker: the plain run is made once)
 def test_whole_model_saved_every_epoch_and_an_ema_by_deepcopy_run_as_alone(tmp_path, run_here, epochs_alone):
     script = write(tmp_path, EPOCHS)
     done, stdout, stderr = run_here("python", script.name)
@@ -77,7 +76,6 @@ def test_whole_model_saved_every_epoch_and_an_ema_by_deepcopy_run_as_alone(tmp_p
     assert "cannot pickle" not in stderr and "Traceback" not in stderr
 
 
-@pytest.mark.xdist_group("epochs_alone")  # (one worker: the plain run is made once)
 def test_a_broken_run_that_saves_and_averages_still_gives_its_finding(tmp_path, run_here, epochs_alone):
     script = write(tmp_path, EPOCHS)
     done, stdout, stderr = run_here("python", script.name, "--bug")

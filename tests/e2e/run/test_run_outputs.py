@@ -12,7 +12,6 @@ import pytest
 from tests.support.run.side_by_side import TRAIN, env
 
 
-@pytest.mark.xdist_group("train_alone")  # (one worker: the plain run is made once)
 def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch, train_alone):
     """The report's real atomic write, its fsync failing as a full disk's does."""
     import debug_nan.presentation.outputs as outputs
@@ -53,7 +52,6 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
-@pytest.mark.xdist_group("train_alone")  # (one worker: the plain run is made once)
 def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk, train_alone):
     (tmp_path / "train.py").write_text(TRAIN)
     report = full_disk / "run.json"

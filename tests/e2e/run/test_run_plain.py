@@ -32,7 +32,6 @@ def loop_alone():
     return plain("--exit-code", "3")
 
 
-@pytest.mark.xdist_group("loop_alone")  # (one worker: the plain run is made once)
 def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_path, loop_alone):
     """In a fresh process: the exit code is the process's."""
     done, report = watched(tmp_path, "--exit-code", "3")
@@ -43,7 +42,6 @@ def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_
     assert "[debug-nan] watching Net (225 parameters) and its AdamW" in done.stderr
 
 
-@pytest.mark.xdist_group("loop_alone")  # (one worker: the plain run is made once)
 def test_max_steps_stops_the_command_with_a_clean_summary(run_here, loop_alone):
     done, stdout, stderr = run_here("python", SCRIPT, options=("--max-steps", "2"))
     assert done.code == 0, stderr

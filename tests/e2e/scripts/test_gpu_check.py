@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.support.once import once
 
 SCRIPT = str(REPO / "scripts" / "gpu_check.py")
 NO_CUDA = "skipped (no CUDA)"
@@ -23,14 +24,12 @@ def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.Completed
 
 @pytest.fixture(scope="session")
 def quick(tmp_path_factory):
-    """The quick run, made once: session-scoped, as a module's fixture is set up again whenever pytest-xdist runs
-    another module's test between the tests of the group."""
-    out = tmp_path_factory.mktemp("gpu-check")
-    proc, report = gpu_check(out)
+    """The quick run, made once for the whole session (tests/support/once.py)."""
+    proc, out = once(tmp_path_factory, "gpu-check", lambda folder: gpu_check(folder)[0])
+    report = json.loads((out / "gpu-check.json").read_text())
     return proc, report, {i["name"]: i for i in report["items"]}, out
 
 
-@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_passes_and_writes_json_and_table(quick):
     proc, report, items, out = quick
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,7 +49,6 @@ def test_quick_run_passes_and_writes_json_and_table(quick):
     assert items["watch_syncs"]["commands"] == ["python scripts/gpu_check.py --device cpu --quick --only watch_syncs"]
 
 
-@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_figures_are_real(quick):
     _, _, items, _ = quick
     demo = items["demo_job"]["figures"]
@@ -82,7 +80,6 @@ def test_quick_run_figures_are_real(quick):
     assert oom["status"] == "skipped" and oom["reason"].startswith(NO_CUDA) and not oom["commands"]
 
 
-@pytest.mark.xdist_group("gpu_check_quick")  # (one worker: the quick run is made once)
 def test_quick_run_benchmark_figures(quick):
     _, _, items, _ = quick
     memory = items["memory"]["figures"]["aam-tiny"]
