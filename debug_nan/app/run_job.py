@@ -14,7 +14,7 @@ import os
 import runpy
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,7 @@ class RunOptions:
     explosion_growth: float = RunSettings.explosion_growth
     deterministic: bool = False  # torch.use_deterministic_algorithms in the run
     bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
+    start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
 
 
 class RunListener:
@@ -67,7 +68,7 @@ class RunListener:
             self.hooks.failure = exc
             raise RunStopped("error") from None
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
-                                bundle_dir=self.options.bundle_dir)
+                                bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir)
         count = sum(p.numel() for p in model.parameters())
         if optimizer is None:
             self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "

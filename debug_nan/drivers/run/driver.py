@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import time
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 
@@ -85,10 +86,12 @@ class RunDriver(TapeReplayer, FrameworkDriver):
     session_class = RunSession
     dialect = "script"  # advice in the words of the user's own loop
 
-    def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None, bundle_dir: str | None = None):
+    def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None, bundle_dir: str | None = None,
+                 shown_from: str | None = None):
         super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer),
                          bundle_dir=bundle_dir)
         self.hooks = hooks
+        self.shown_from = shown_from  # the folder debug-nan started in (the script may chdir): paths shown from it
         self.step_open = False
         self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
 
@@ -114,7 +117,9 @@ class RunDriver(TapeReplayer, FrameworkDriver):
                              self.dist.world if self.dist is not None else 1)
         options = {"pickle_module": pickle_module(), "pickle_protocol": PROTOCOL}
         with script_modules_by_value():
-            return str(write_bundle(self.bundle_dir, state, options))
+            path = str(write_bundle(self.bundle_dir, state, options))
+        inside = self.shown_from and os.path.commonpath([path, self.shown_from]) == self.shown_from
+        return os.path.relpath(path, self.shown_from) if inside else path  # (the user's `debug-nan replay` path)
 
     def follow(self, optimizer, scheduler) -> None:
         """The script replaced its optimizer (a second training stage): the session follows the new one."""
