@@ -117,3 +117,11 @@ def capture_batch(obj, device: torch.device):
 def _may_alias(a: torch.device, b: torch.device) -> bool:
     """Whether .to(b) may return a tensor on `a` itself (a device without an index may be the current one)."""
     return a.type == b.type and (a.index == b.index or a.index is None or b.index is None)
+
+
+def nonfinite_names(named: list[tuple[str, torch.Tensor]]) -> set[str]:
+    """The names whose tensor holds a NaN/Inf (one host sync for all; a replay's, never the watch's hot path)."""
+    if not named:
+        return set()
+    flags = torch.stack([~torch.isfinite(t).all() for _, t in named]).tolist()
+    return {name for (name, _), bad in zip(named, flags) if bad}

@@ -25,6 +25,32 @@ class ReplayFacts:
     loss_harmed: bool = False  # the replayed loss itself was non-finite
     nonfinite_outputs: list = field(default_factory=list)  # (module path, origin ids) of module outputs with NaN/Inf
     hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
+    loss_value: float | None = None  # the replayed loss (a scalar one), beside the watch's reading of the run's
+    grads_nonfinite: set[str] | None = None  # the parameters whose replayed gradient held NaN/Inf
+
+
+def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
+    """How the replay's value where the watch tripped differs from the run's, in words (None: the same, or not
+    known). The replay starts from the run's own state at that step, so a difference is the kernels' (torch.compile's
+    fused ones, a non-deterministic one, another device's), and the op named is the replay's."""
+    if check is None or not check.nonfinite:
+        return None
+    if check.kind == CheckKind.LOSS and facts.loss_value is not None:
+        replayed = _word(facts.loss_value)
+        if replayed and ("nan" in replayed) != ("nan" in check.nonfinite):
+            return (f" The watch saw the run's loss {check.nonfinite}; this replay from the same state computed "
+                    f"{replayed}: the run's kernels computed it otherwise, and the op named is the replay's.")
+    if check.kind == CheckKind.GRAD and facts.grads_nonfinite and check.name not in facts.grads_nonfinite:
+        others = sorted(facts.grads_nonfinite)
+        return (f" The watch saw the run's gradient of `{check.name}` go {check.nonfinite}; in this replay from "
+                f"the same state it stayed finite, and {len(others)} other parameter(s)' did not (`{others[0]}` "
+                f"first): the run's kernels computed it otherwise, and the op named is the replay's.")
+    return None
+
+
+def _word(value: float) -> str:
+    """A value as a check words it: "" when finite, "nan", "+inf" or "-inf"."""
+    return "nan" if math.isnan(value) else "" if math.isfinite(value) else "+inf" if value > 0 else "-inf"
 
 
 @dataclass
@@ -70,6 +96,8 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
                  "The value was hidden before any module output or the loss (e.g. by torch.where or nan_to_num)")
         explanation += (f" {where}, but it still leaked: only the gradients went non-finite, since backward "
                         f"multiplies it by 0 and 0 * inf = NaN.")
+    if not facts.loss_harmed or check is None or check.kind != CheckKind.GRAD:
+        explanation += replay_differs(check, facts) or ""
     module, kind_of_module = event.module, event.module_type
     if event.phase == Phase.OPTIMIZER:
         bad = {k: v for k, v in event.scalars.items() if isinstance(v, float) and not math.isfinite(v)}

@@ -34,7 +34,7 @@ from debug_nan.engine.replay.driver import (
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
 from debug_nan.engine.replay.trip import Trip
-from debug_nan.engine.stats import flat_tensors, move_to
+from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
@@ -82,6 +82,7 @@ class Pinpointer:
                 d.average_gradients()
             if not trace:
                 return None, None, None, None
+            self.facts = ReplayFacts()  # (nothing of an earlier replay's)
             if not optimizer:
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
@@ -103,10 +104,13 @@ class Pinpointer:
                             tracer.mark(t, path, "data")
                         loss, parts = replay_loss(d, batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
+                        self.facts.loss_value = float(loss.detach()) if loss.numel() == 1 else None
                         self.facts.loss_harmed = tracer.origin_of(harmed) is not None
                         if not self.facts.loss_harmed:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
-                            harmed = [p.grad for p in d.model.parameters() if p.grad is not None]
+                            named = [(n, p.grad) for n, p in d.model.named_parameters() if p.grad is not None]
+                            harmed = [g for _, g in named]
+                            self.facts.grads_nonfinite = nonfinite_names(named)
                 except Exception as e:  # the same exception as in the run, usually
                     if is_out_of_memory(e) or isinstance(e, NotReplayable):
                         raise

@@ -110,3 +110,23 @@ def test_the_replay_sees_the_batch_as_produced_each_time():
     pinpointer.replay(inputs, 1)
     assert len(seen) == 2 and all(torch.equal(x, torch.ones(2, 3)) for x in seen)
     assert torch.equal(inputs.batches[0]["x"], torch.ones(2, 3))
+
+
+def test_a_replay_that_computes_otherwise_than_the_run_says_so():
+    """The replay starts from the run's own state, so where its value at the watch's check differs from the run's
+    (the run's compiled or non-deterministic kernels), the finding says how; where it agrees it says nothing."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    nan_loss = PlainDriver(model, lambda m, b: (m(b["x"]) * 0 / 0).mean())
+    batch = {"x": torch.randn(4, 3)}
+    f = Pinpointer(nan_loss).pinpoint(Trip(inputs_for(model, batch), 1, Check("loss", "", float("inf"), "+inf")))
+    assert "The watch saw the run's loss +inf; this replay from the same state computed nan" in f.explanation
+    f = Pinpointer(nan_loss).pinpoint(Trip(inputs_for(model, batch), 1, Check("loss", "", float("nan"), "nan")))
+    assert "The watch saw" not in f.explanation
+    # the bias's gradient is sqrt's at 0 (infinite); the weight's stays finite
+    bias_only = PlainDriver(model, lambda m, b: m(b["x"]).sum() + torch.sqrt(m.bias - m.bias.detach()).sum())
+    f = Pinpointer(bias_only).pinpoint(Trip(inputs_for(model, batch), 1, Check("grad", "weight", float("nan"), "nan")))
+    assert ("The watch saw the run's gradient of `weight` go nan; in this replay from the same state it stayed "
+            "finite, and 1 other parameter(s)' did not (`bias` first)") in f.explanation
+    f = Pinpointer(bias_only).pinpoint(Trip(inputs_for(model, batch), 1, Check("grad", "bias", float("inf"), "inf")))
+    assert "The watch saw" not in f.explanation
