@@ -270,6 +270,20 @@ def replay(bundle, device, report, log_path):
     sys.exit(code)
 
 
+def _step_micro(value: str | None) -> tuple[int, int] | None:
+    """--trace-at STEP[:MICRO] -> (step, micro), both from 1."""
+    if value is None:
+        return None
+    step, _, micro = value.partition(":")
+    try:
+        where = int(step), int(micro or 1)
+    except ValueError:
+        where = (0, 0)
+    if min(where) < 1:
+        raise click.BadParameter(f"{value!r}: give the step and micro-batch the log named, e.g. 3:1 (both from 1).")
+    return where
+
+
 def _run_report(report: str | None) -> str | None:
     """Where `run`'s error or interrupted report may go: not over a file that is not debug-nan's (app/run_paths.py:
     the command's own, or one it wrote while it ran)."""
@@ -294,12 +308,16 @@ def _run_report(report: str | None) -> str | None:
               help="Where a finding writes its repro bundle (the script's model, optimizer and the recorded code "
                    "around the model, for debug-nan replay) [default: the report's folder, else .].")
 @click.option("--bundle/--no-bundle", default=True, help="Write a repro bundle on a finding. [default: bundle]")
+@click.option("--trace-at", metavar="STEP[:MICRO]", callback=lambda ctx, param, value: _step_micro(value),
+              help="Trace that micro-batch (default 1) of that optimizer step as it runs, and explain it at its trip "
+                   "instead of replaying it: for a micro-batch the log said could not be replayed in place. The "
+                   "command runs again up to there (its files are written again); the NaN must come back.")
 @click.option("--deterministic", is_flag=True,
               help="torch.use_deterministic_algorithms(True) in the command (changes its kernels: the pinpoint "
                    "does not need it, it replays from the run's own state).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bundle_dir, bundle, deterministic,
-        command):
+def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bundle_dir, bundle, trace_at,
+        deterministic, command):
     """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
 
     \b
@@ -318,7 +336,7 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
             require_versions()
             from debug_nan.app.run_job import RunOptions, run_command
         options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic,
-                             bundle_dir)
+                             bundle_dir, trace_at=trace_at)
         check_output_paths({"--report": report, "--log": log_path}, inputs, bundle_dir)
         paths.refuse_foreign({"--report": report, "--log": log_path})
         code = run_command(list(command), options)

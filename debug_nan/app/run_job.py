@@ -47,6 +47,7 @@ class RunOptions:
     deterministic: bool = False  # torch.use_deterministic_algorithms in the run
     bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
     start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
+    trace_at: tuple[int, int] | None = None  # --trace-at STEP:MICRO: that micro-batch traced as it runs
 
 
 class RunListener:
@@ -68,7 +69,8 @@ class RunListener:
             self.hooks.failure = exc
             raise RunStopped("error") from None
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
-                                bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir)
+                                bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
+                                trace_at=self.options.trace_at)
         count = sum(p.numel() for p in model.parameters())
         if optimizer is None:
             self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "

@@ -30,6 +30,7 @@ from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.replayer import TapeReplayer
 from debug_nan.drivers.run.tape import Tape
 from debug_nan.engine.replay.driver import TaskFailure
+from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import schedule_state
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.session import StepSession
@@ -87,11 +88,13 @@ class RunDriver(TapeReplayer, FrameworkDriver):
     dialect = "script"  # advice in the words of the user's own loop
 
     def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None, bundle_dir: str | None = None,
-                 shown_from: str | None = None):
+                 shown_from: str | None = None, trace_at: tuple[int, int] | None = None):
         super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer),
                          bundle_dir=bundle_dir)
         self.hooks = hooks
         self.shown_from = shown_from  # the folder debug-nan started in (the script may chdir): paths shown from it
+        self.trace_at = trace_at  # --trace-at: (step, micro-batch) traced as it runs (engine/replay/live.py)
+        self.live: LiveTrace | None = None
         self.step_open = False
         self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
 
@@ -104,10 +107,17 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         return super().finish()
 
     def _settle(self, decide, last: bool):
+        self._stop_live()  # (the trip's decision explains the live trace, if it covers the micro-batch)
         started = time.perf_counter()
         finding = super()._settle(decide, last)
         if self.stopped and self.answer_seconds is None:
             self.answer_seconds = time.perf_counter() - started
+        if finding is not None and finding.detected_by == "watch" and self.trace_at is None \
+                and "could not be replayed in place" in finding.explanation:
+            finding.suggestions.insert(0, f"Run the command again with `debug-nan run --trace-at "
+                                          f"{finding.step}:{finding.micro_step} -- ...`: it traces that micro-batch "
+                                          f"as it runs and names the op (the command runs again up to there, its "
+                                          f"files written again; the NaN must come back: seed the run).")
         return finding
 
     def write_bundle(self, state: dict) -> str:
@@ -148,9 +158,19 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         self.begin(batch, first=not self.step_open, step=step)
         self.step_open = True
         self.session.inputs.tapes.append(None)
+        if self.trace_at == (step, self.session.micro) and not self.stopped:
+            self.log(f"  [trace-at] step {step}, micro-batch {self.session.micro}: traced as it runs", "yellow")
+            self.live = self.pinpointer.live = LiveTrace.start(self.model, batch, step, self.session.micro,
+                                                               self.pinpointer.writers.names)
+
+    def _stop_live(self) -> None:
+        if self.live is not None and self.live.open:
+            self.live.stop(self.model)
 
     def backward_begin(self, loss: torch.Tensor, tape: Tape | None) -> None:
         self.session.inputs.tapes[-1] = tape
+        if self.live is not None and self.live.open:
+            self.live.loss = loss
         if self.watch.enabled and loss.numel() == 1:
             self.watch_loss(loss.reshape(()))
 
@@ -164,6 +184,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         (AAM raises on a NaN in its forward and its CLI exits 1). Where the model's outputs hold NaN/Inf, or the
         exit is not 0, the micro-batch is replayed as far as the run got: a NaN/Inf born there is the finding; none
         leaves the run clean with the script's own code (it stopped for reasons of its own)."""
+        self._stop_live()
         reading = _nonfinite_reading(self.hooks.outputs)
         if (reading is None and code == 0) or self.stopped or self.session.inputs is None \
                 or self.session.p.agreement is not None or not self.watch.enabled:
@@ -208,7 +229,14 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         self.hooks.recorder.tape = None
 
     def backward_end(self) -> None:
+        traced = self.live is not None and self.live.open
         self.end(last=False)
+        if traced and not self.stopped:
+            self._stop_live()
+            self.pinpointer.live = None
+            self.log(f"  [trace-at] step {self.live.step}, micro-batch {self.live.micro} ran under the tracer and "
+                     f"no NaN/Inf reached its loss or gradients this time: the run did not come back to the values "
+                     f"of the run that tripped (seed it: its data order, dropout)", "yellow")
         if self.stopped:
             raise RunStopped("trip")
 

@@ -9,6 +9,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from debug_nan.drivers.run.tape import Tape
+from debug_nan.frames import replayed_at
 
 _SCALARS = (bool, int, float, str, torch.Size, torch.dtype, torch.device)  # outputs that change no tensor
 
@@ -43,7 +44,8 @@ class Recorder(TorchFunctionMode):
         if tape is None or self.suspended or getattr(func, "__name__", "") == "backward" or _annotation(func):
             return func(*args, **kwargs)
         entry = tape.arguments(func, args, kwargs)
-        out = func(*args, **kwargs)
+        with replayed_at(entry.location):  # (the script's line, for a tracer running now: `run --trace-at`)
+            out = func(*args, **kwargs)
         if not isinstance(out, _SCALARS):  # (a shape, .item(): nothing a later call can take as a tensor)
             tape.returned(entry, out)
         return out

@@ -31,6 +31,7 @@ from debug_nan.engine.replay.driver import (
     optimizer_step,
     replay_loss,
 )
+from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
 from debug_nan.engine.replay.trip import Trip
@@ -47,6 +48,7 @@ class Pinpointer:
         self.driver = driver
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
         self.facts = ReplayFacts()  # what the last replay saw besides its origin (engine/explain/explain.py)
+        self.live: LiveTrace | None = None  # a micro-batch traced as it ran (`run --trace-at`), to explain at its trip
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -210,10 +212,17 @@ class Pinpointer:
         log(f"  [watch] TRIP at step {inputs.step}, micro-batch {micro}: {trip.seen()}", "red")
         if check is not None and check.kind == CheckKind.DATA:
             return data_finding(inputs.step, micro, raw, check)
-        log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the op-level "
-            f"tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
+        live, self.live = self.live, None
         try:
-            tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
+            if live is not None and live.covers(inputs.step, micro, optimizer):
+                log(f"  [pinpoint] step {inputs.step} micro-batch {micro} ran under the op-level tracer (--trace-at): "
+                    f"its trace is explained, no replay")
+                self.facts = ReplayFacts()
+                tracer, event, replay_exc = live.tracer, live.origin(self.facts, error), None
+            else:
+                log(f"  [pinpoint] replaying step {inputs.step} micro-batch {micro} from the snapshot under the "
+                    f"op-level tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
+                tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
         except NotReplayable as why:
             return self._not_replayable(inputs, micro, check, error, why)
         except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
