@@ -25,6 +25,7 @@ TORCH_DIR = (os.path.dirname(os.path.abspath(_TORCH_SPEC.origin)) if _TORCH_SPEC
              else "<no torch>")
 # the built-in pipeline's "user code": what a --task file holds for a user's own model
 BUILTIN_USER_CODE = (os.path.join(PACKAGE_DIR, "aam", ""),)
+TRACER_CODE = os.path.join(PACKAGE_DIR, "engine", "trace", "")  # the frames on top when the tracer asks
 TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
                                                                   "overrides.py", "autograd", "_compile.py"))
 
@@ -56,14 +57,15 @@ def short_path(path: str) -> str:
 
 def pick_frame(files_innermost_first) -> int | None:
     """Index of the frame to show among (filename) given innermost first: the innermost user frame; else the
-    innermost torch library frame. The tool's frames on top of the stack (the tracer itself) are skipped; a tool
-    frame below user or library frames is the driver that called them, and the search ends there."""
+    innermost torch library frame. The tracer's own frames on top of the stack are skipped; any other tool frame
+    is the driver that called the op (a replay calling recorded code: on some torch versions with no torch frame in
+    between), and the search ends there, never reaching whoever called debug-nan."""
     fallback = None
     outside = False
     for i, filename in enumerate(files_innermost_first):
         kind = frame_kind(filename)
         if kind == "tool":
-            if outside:
+            if outside or not filename.startswith(TRACER_CODE):
                 break
             continue
         outside = True

@@ -7,7 +7,7 @@ import traceback
 import torch
 
 from debug_nan.errors import describe_exception
-from debug_nan.frames import PACKAGE_DIR, TORCH_DIR, frame_kind, short_path
+from debug_nan.frames import PACKAGE_DIR, TORCH_DIR, frame_kind, pick_frame, short_path
 
 
 def test_frame_kinds_from_the_package_layout():
@@ -30,3 +30,16 @@ def test_describe_exception_names_the_user_frame():
     except RuntimeError as exc:
         line = traceback.extract_tb(exc.__traceback__)[-1].lineno
         assert describe_exception(exc).endswith(f"(at {short_path(__file__)}:{line})")
+
+
+def test_the_frame_shown_is_never_the_one_that_called_debug_nan():
+    """Innermost first. The tracer's frames on top are skipped; a replay's driver frame below them ends the search
+    (torch 2.4 calls the tracer with no torch frame in between), so click or the script that started debug-nan is
+    never taken for the op's line; user code the replay calls (a model's forward) still is."""
+    tracer = os.path.join(PACKAGE_DIR, "engine", "trace", "tracer.py")
+    tape = os.path.join(PACKAGE_DIR, "drivers", "run", "tape.py")
+    plumbing = os.path.join(TORCH_DIR, "utils", "_python_dispatch.py")
+    caller, forward = "/site-packages/click/core.py", "/home/me/model.py"
+    assert pick_frame([tracer, tracer, tape, caller]) is None
+    assert pick_frame([tracer, plumbing, tape, caller]) is None
+    assert pick_frame([tracer, plumbing, forward, tape, caller]) == 2
