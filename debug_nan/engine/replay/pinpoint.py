@@ -78,6 +78,7 @@ class Pinpointer:
         out-of-memory error propagates."""
         d = self.driver
         exc = tracer = batch = origin = None
+        read, named = None, None  # the replay's loss and gradients, read once the tracer is left
         with d.watch_paused():
             self._rerun(inputs, micro if optimizer else micro - 1, scaled=True)
             if optimizer:
@@ -106,13 +107,12 @@ class Pinpointer:
                             tracer.mark(t, path, "data")
                         loss, parts = replay_loss(d, batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
-                        self.facts.loss_value = float(loss.detach()) if loss.numel() == 1 else None
+                        read = loss
                         self.facts.loss_harmed = tracer.origin_of(harmed) is not None
                         if not self.facts.loss_harmed:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
                             named = [(n, p.grad) for n, p in d.model.named_parameters() if p.grad is not None]
                             harmed = [g for _, g in named]
-                            self.facts.grads_nonfinite = nonfinite_names(named)
                 except Exception as e:  # the same exception as in the run, usually
                     if is_out_of_memory(e) or isinstance(e, NotReplayable):
                         raise
@@ -122,6 +122,10 @@ class Pinpointer:
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it
                     origin = tracer.first
+            if isinstance(read, torch.Tensor) and read.numel() == 1:
+                self.facts.loss_value = float(read.detach())
+            if named is not None:
+                self.facts.grads_nonfinite = nonfinite_names(named)
         return tracer, origin, exc, batch
 
     def trace_buffer_writers(self, inputs: StepInputs, micro: int, checks: list[Check]) -> None:
