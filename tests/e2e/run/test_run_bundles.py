@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from debug_nan import torch_support
 from debug_nan.app.cli import main
 from tests.e2e.run.test_run_in_place import CONTRASTIVE, PENALTY
+from tests.support.run.script_runs import tripped
 
 # the model's class lives in the script; its activation in a module beside it; a scheduler with a lambda
 SOFTMAX_BY_HAND = """import torch
@@ -113,10 +114,7 @@ def test_a_loss_code_bug_replays_from_the_bundle_without_the_script(tmp_path, ru
 
 
 def test_an_update_replays_with_its_clipping_and_the_loops_learning_rate(tmp_path, run_here):
-    (tmp_path / "update.py").write_text(UPDATE)
-    done, _, _ = run_here("python", "update.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, _, _ = tripped(run_here, tmp_path, UPDATE, "update.py")
     assert (first["step"], first["micro_step"], first["phase"], first["source"]) == (4, 2, "optimizer", "update.py:15")
     code, output, report = replay_elsewhere(tmp_path, first["bundle"], "update.py")
     assert code == 1, output

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.support import REPO
+from tests.support.run.script_runs import tripped
 
 PENALTY = """import torch
 from torch import nn
@@ -165,10 +166,7 @@ def test_a_gradient_penalty_is_replayed_through_its_autograd_grad(tmp_path, run_
     """torch.autograd.grad inside the loss code, with respect to the model's own input (a leaf that requires
     grad): recorded and called again. At step 3 every tanh is saturated, the input gradient is exactly 0, and
     the penalty's sqrt has an infinite derivative there."""
-    (tmp_path / "penalty.py").write_text(PENALTY)
-    done, stdout, _ = run_here("python", "penalty.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, stdout, _ = tripped(run_here, tmp_path, PENALTY, "penalty.py")
     assert (first["step"], first["micro_step"], first["phase"], first["cause"]) == (
         3, 1, "backward", "grad_at_singularity")
     assert first["backward_node"] == "SqrtBackward0" and first["source"] == "penalty.py:12"
@@ -178,10 +176,7 @@ def test_a_gradient_penalty_is_replayed_through_its_autograd_grad(tmp_path, run_
 def test_two_forwards_per_micro_batch_are_replayed_with_their_outside_tensors(tmp_path, run_here):
     """A contrastive pair (the model called twice) and a temperature tensor made outside the model: the division
     by the 0 temperature is the origin, in the loss code, at its own line."""
-    (tmp_path / "contrastive.py").write_text(CONTRASTIVE)
-    done, _, _ = run_here("python", "contrastive.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, _, _ = tripped(run_here, tmp_path, CONTRASTIVE, "contrastive.py")
     assert (first["step"], first["phase"], first["op"], first["cause"], first["source"]) == (
         3, "loss", "aten.div.Tensor", "div_by_zero", "contrastive.py:13")
 
@@ -212,10 +207,7 @@ def test_a_compiled_model_is_replayed_eagerly_and_its_op_named(tmp_path, run_her
     """torch.compile's fused kernel makes the NaN in the run; the replay runs the model eagerly under the tracer
     and names the exp that overflowed."""
     pytest.importorskip("torch._inductor")
-    (tmp_path / "compiled.py").write_text(COMPILED)
-    done, _, stderr = run_here("python", "compiled.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, _, stderr = tripped(run_here, tmp_path, COMPILED, "compiled.py")
     assert (first["step"], first["phase"], first["module"], first["op"], first["cause"]) == (
         3, "forward", "", "aten.exp.default", "overflow")
     assert first["source"] == "compiled.py:12"
@@ -226,10 +218,7 @@ def test_an_auxiliary_loss_a_module_keeps_on_itself_is_replayed(tmp_path, run_he
     tape, with a graph): the replay reads the attribute again after the replayed forward. At step 3 the annealed
     temperature makes the routing one-hot, an expert gets no probability at all and the balance loss's log is
     -inf."""
-    (tmp_path / "moe.py").write_text(MOE)
-    done, stdout, _ = run_here("python", "moe.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, stdout, _ = tripped(run_here, tmp_path, MOE, "moe.py")
     assert (first["step"], first["phase"], first["module"], first["op"], first["cause"], first["source"]) == (
         3, "forward", "router", "aten.log.default", "log_of_nonpositive", "moe.py:13")
     assert stdout.count("\n") == 2
@@ -238,10 +227,7 @@ def test_an_auxiliary_loss_a_module_keeps_on_itself_is_replayed(tmp_path, run_he
 def test_a_hooks_stash_the_loss_code_reads_is_replayed(tmp_path, run_here):
     """The loss reads a layer's output a forward hook stored in the script's dict: the replayed forward runs the
     hook again and the loss code's log is named at its line."""
-    (tmp_path / "features.py").write_text(FEATURES)
-    done, stdout, _ = run_here("python", "features.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, stdout, _ = tripped(run_here, tmp_path, FEATURES, "features.py")
     assert (first["step"], first["phase"], first["op"], first["cause"], first["source"]) == (
         3, "loss", "aten.log.default", "log_of_nonpositive", "features.py:19")
     assert stdout.count("\n") == 2

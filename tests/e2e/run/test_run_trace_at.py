@@ -8,6 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from debug_nan.app.cli import main
+from tests.support.run.script_runs import tripped
 
 ANNEALS = """import torch
 from torch import nn
@@ -29,10 +30,7 @@ for step in range(1, 5):
 
 
 def test_the_log_names_the_fallback_and_the_fallback_names_the_op(tmp_path, run_here):
-    (tmp_path / "anneals.py").write_text(ANNEALS)
-    done, _, stderr = run_here("python", "anneals.py")
-    assert done.code == 1, done.output
-    first = done.first
+    first, _, stderr = tripped(run_here, tmp_path, ANNEALS, "anneals.py")
     assert (first["step"], first["micro_step"], first["cause"], first["detected_by"]) == (3, 1, "unknown", "watch")
     assert "could not be replayed in place: the script changed a (70000,) tensor in place" in first["explanation"]
     assert first["suggestions"][0].startswith("Run the command again with `debug-nan run --trace-at 3:1 -- ...`")

@@ -34,3 +34,12 @@ def same_as_alone(run_here, script: Path, *args: str):
     assert plain.returncode == 0 and done.code == 0, done.output
     assert stdout == plain.stdout
     return done, stdout, stderr
+
+
+def tripped(run_here, folder: Path, source: str, name: str, options=()) -> tuple[dict, str, str]:
+    """`source` written as folder/NAME and run through `run_here` (`debug-nan run -- python NAME`, in this process,
+    in `folder`): it must trip (exit 1) -> (the report's first_nonfinite, stdout, stderr)."""
+    (folder / name).write_text(source)
+    done, stdout, stderr = run_here("python", name, options=options)
+    assert done.code == 1, done.output
+    return done.first, stdout, stderr
