@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import torch
 
 from debug_nan import torch_support
+from debug_nan.drivers.run.recorder import operator_name
 from debug_nan.drivers.run.replayer import ScriptReplayDriver
 from debug_nan.drivers.run.tape import Tape
 from debug_nan.engine.replay.driver import NotReplayable, StepInputs
@@ -65,21 +66,14 @@ def pickle_module() -> types.ModuleType:
 
     class Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
-            if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # (C++ inside: by name)
-                return _operator, _operator_name(obj)
+            if (name := operator_name(obj)) is not None:  # (C++ inside: by name)
+                return _operator, name
             return super().reducer_override(obj)
 
     module = types.ModuleType("debug_nan_cloudpickle")
     module.__dict__.update(pickle.__dict__)
     module.Pickler = Pickler
     return module
-
-
-def _operator_name(op) -> tuple[str, str | None]:
-    """("aten::gather", "default") for torch.ops.aten.gather.default; (name, None) for the packet."""
-    if isinstance(op, torch._ops.OpOverload):
-        return op._schema.name, op._overloadname
-    return op._qualified_op_name, None
 
 
 def _operator(name: str, overload: str | None):

@@ -14,11 +14,20 @@ from debug_nan.frames import replayed_at
 _SCALARS = (bool, int, float, str, torch.Size, torch.dtype, torch.device)  # outputs that change no tensor
 
 
+def operator_name(func) -> tuple[str, str | None] | None:
+    """("aten::gather", "default") for torch.ops.aten.gather.default, (name, None) for its packet, None for any
+    other function."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func._schema.name, func._overloadname
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name, None
+    return None
+
+
 def _annotation(func) -> bool:
     """A profiler annotation (an optimizer step's record_function): computes nothing, and its handle is not data."""
-    if isinstance(func, torch._ops.OpOverload):
-        return func._schema.name.startswith("profiler::")
-    return isinstance(func, torch._ops.OpOverloadPacket) and func._qualified_op_name.startswith("profiler::")
+    name = operator_name(func)
+    return name is not None and name[0].startswith("profiler::")
 
 
 class Recorder(TorchFunctionMode):
