@@ -25,14 +25,15 @@ from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
-from debug_nan.errors import InputError, describe_exception
-from debug_nan.frames import frame_kind, short_path
+from debug_nan.errors import CommandRaised, InputError, describe_exception
+from debug_nan.frames import raising_tool_frame, short_path
 from debug_nan.presentation.log import Log, error_line
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
 from debug_nan.settings import RunSettings
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+OVERRIDES = torch.overrides.__file__  # (handle_torch_function: how a torch function reaches a TorchFunctionMode)
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
@@ -125,6 +126,21 @@ def _ours(frame: traceback.FrameSummary) -> bool:
     return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
 
 
+def _as_python_shows(stack: list) -> list:
+    """The frames of a traceback without debug-nan's, and without the detour a torch function takes to reach its
+    recorder (torch's `handle_torch_function`, then the same function entered again): as plain Python shows it."""
+    shown = []
+    for i, frame in enumerate(stack):
+        nxt = stack[i + 1] if i + 1 < len(stack) else None
+        if _ours(frame) or (frame.filename == OVERRIDES and nxt is not None and _ours(nxt)):
+            continue
+        if shown and i > 0 and (_ours(stack[i - 1]) or stack[i - 1].filename == OVERRIDES) \
+                and shown[-1].filename == frame.filename and shown[-1].name == frame.name:
+            shown.pop()  # (the torch function that handed the call to the recorder, entered again)
+        shown.append(frame)
+    return shown
+
+
 def _script_traceback(exc: BaseException) -> None:
     """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
     report = traceback.TracebackException.from_exception(exc)
@@ -134,20 +150,16 @@ def _script_traceback(exc: BaseException) -> None:
         if id(one) in seen:
             continue
         seen.add(id(one))
-        one.stack = traceback.StackSummary.from_list([f for f in one.stack if not _ours(f)])
+        one.stack = traceback.StackSummary.from_list(_as_python_shows(list(one.stack)))
         pending += [e for e in (one.__cause__, one.__context__) if e is not None]
     sys.stderr.write("".join(report.format()))
 
 
 def _raised_by_us(exc: BaseException) -> str | None:
-    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code (its innermost frame outside
-    the standard library and torch is debug-nan's, not the script's): debug-nan failed, not the script."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        kind = frame_kind(frame.filename)
-        if kind in ("torch", "plumbing") or frame.filename.startswith((os.path.dirname(os.__file__), "<frozen")):
-            continue
-        return f"{short_path(frame.filename)}:{frame.lineno}" if kind == "tool" else None
-    return None
+    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code, not in a call debug-nan
+    only passed on for the script (frames.raising_tool_frame): debug-nan failed, not the script."""
+    where = raising_tool_frame(exc)
+    return None if where is None else f"{short_path(where[0])}:{where[1]}"
 
 
 def _blame(exc: BaseException, clause: str) -> str:
@@ -223,8 +235,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
-            raise InputError(_blame(error, " before any training step (no forward of a model whose "
-                                    "parameters an optimizer owns, then backward, had run)") + ".")
+            said = _blame(error, " before any training step (no forward of a model whose parameters an optimizer "
+                                 "owns, then backward, had run)") + "."
+            raise (CommandRaised(said) if _raised_by_us(error) is None else InputError(said))
         raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "

@@ -25,6 +25,7 @@ def error_line(message: str) -> str:
 
 class Log:
     def __init__(self, copy_path: str | None = None, stream=None):
+        self._follows_stderr = False
         self.stream = stream or sys.stdout
         self.colour = (hasattr(self.stream, "isatty") and self.stream.isatty() and "NO_COLOR" not in os.environ
                        and os.environ.get("TERM") != "dumb")
@@ -39,6 +40,17 @@ class Log:
                 self.copy = path.open("w", buffering=1)
             except OSError as exc:
                 raise InputError(f"--log {path}: cannot write there ({exc.strerror or exc}).") from None
+
+    @property
+    def stream(self):
+        """Where the lines go. The process's stderr is followed: a script that replaces `sys.stderr` (re-wraps it
+        in another encoding, detaching the old one) still gets debug-nan's lines, on its new one."""
+        return sys.stderr if self._follows_stderr else self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._follows_stderr = value is sys.stderr
+        self._stream = value
 
     @property
     def stdout_closed(self) -> bool:

@@ -35,7 +35,7 @@ from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
-from debug_nan.frames import user_location
+from debug_nan.frames import calls_through, user_location
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
 
@@ -92,26 +92,31 @@ class Hooks(WatchedOptimizer):
         scale, update = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
 
         def optimizer_init(optimizer, *args, **kwargs):
-            init(optimizer, *args, **kwargs)
+            with calls_through:  # (the script's own error, e.g. an invalid lr, stays the script's)
+                init(optimizer, *args, **kwargs)
             hooks.created(optimizer)
 
         scheduler_init = torch.optim.lr_scheduler.LRScheduler.__init__
 
         def lr_scheduler_init(scheduler, *args, **kwargs):
-            scheduler_init(scheduler, *args, **kwargs)
+            with calls_through:
+                scheduler_init(scheduler, *args, **kwargs)
             hooks.schedulers.append(weakref.ref(scheduler))
 
         def autograd_backward(tensors, *args, **kwargs):
-            return hooks.backward(backward, tensors, *args, **kwargs)
+            with calls_through:
+                return hooks.backward(backward, tensors, *args, **kwargs)
 
         def scaler_scale(scaler, outputs):
-            out = scale(scaler, outputs)
+            with calls_through:
+                out = scale(scaler, outputs)
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
                 hooks.scaled, hooks.scaler = weakref.ref(out), scaler
             return out
 
         def scaler_update(scaler, *args, **kwargs):
-            update(scaler, *args, **kwargs)
+            with calls_through:
+                update(scaler, *args, **kwargs)
             hooks.updated()
 
         def thread_excepthook(args, original=threading.excepthook):
@@ -132,7 +137,8 @@ class Hooks(WatchedOptimizer):
             def destroy_process_group(*args, **kwargs):
                 if not hooks.is_paused and hooks.root is not None:
                     hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
-                return destroy(*args, **kwargs)
+                with calls_through:
+                    return destroy(*args, **kwargs)
 
             self._patch(torch.distributed, "destroy_process_group", destroy_process_group)
         self._handles += [register_optimizer_step_pre_hook(self.step_pre),
@@ -249,7 +255,8 @@ class Hooks(WatchedOptimizer):
                 and not any(r() is not None for r in self.other_optimizers):
             self._adopt_by_backward(tensors)
         if not self.open or self.in_backward or self.is_paused:
-            return original(tensors, *args, **kwargs)
+            with calls_through:
+                return original(tensors, *args, **kwargs)
         tape, self.recorder.tape = self.recorder.tape, None
         outputs, self.outputs = self.outputs, []
         if tape is not None:
@@ -266,7 +273,7 @@ class Hooks(WatchedOptimizer):
             self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
             # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
             # reports it (the trip stops the script at this backward all the same)
-            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False), calls_through:
                 result = original(tensors, *args, **kwargs)
         finally:
             self.in_backward = False
@@ -291,7 +298,8 @@ class Hooks(WatchedOptimizer):
         hooks = self
 
         def after_closure(*a, **k):
-            result = closure(*a, **k)
+            with calls_through:
+                result = closure(*a, **k)
             if not hooks.is_paused:
                 hooks._end_update(optimizer, closure_calls=True)
             return result

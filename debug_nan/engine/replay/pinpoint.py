@@ -239,7 +239,7 @@ class Pinpointer:
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
-                                  f"found no NaN/Inf before it, so this is an error in the task's code, not a "
+                                  f"found no NaN/Inf before it, so this is an error in the training code, not a "
                                   f"numerical one.")
             why = None
             if optimizer and check is not None:  # the update, replayed exactly, made nothing non-finite
@@ -297,7 +297,7 @@ class Pinpointer:
             if error is not None or check is None:
                 raise TaskFailure(f"eval pass after step {step}, held-out batch {index}: "
                                   f"{describe_exception(error) if error else 'no value to check'}. The replay found "
-                                  f"no NaN/Inf before it, so this is an error in the task's code, not a numerical "
+                                  f"no NaN/Inf before it, so this is an error in the training code, not a numerical "
                                   f"one.")
             finding = watch_only_finding(step, index, raw, check, d.model)
         elif origin.phase == Phase.DATA:
