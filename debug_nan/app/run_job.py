@@ -85,6 +85,14 @@ class RunListener:
                      f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
                      f"report; a finding names the rank that saw the harm first.")
 
+    def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> None:
+        if self.driver is not None and not self.driver.stopped:
+            self.driver.eval_forwards.begin(module, args, kwargs, steps_taken)
+
+    def eval_end(self, output) -> None:
+        if self.driver is not None and not self.driver.stopped and self.driver.eval_end(output):
+            raise RunStopped("trip")
+
     def micro_begin(self, batch, step: int, micro: int) -> None:
         if self.options.max_steps and step > self.options.max_steps:
             raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
@@ -194,7 +202,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     main_rank = ranks is None or ranks.is_main
     outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = (Log(paths.partial(options.log), stream=sys.stderr) if main_rank
+    log = outputs.log = (Log(paths.partial(options.log), follow_stderr=True) if main_rank
                          else Log(None, stream=io.StringIO()))
     _streamed[:] = [log, command.target if command.kind == "script" else None]
     outputs.open()

@@ -39,6 +39,8 @@ from debug_nan.frames import calls_through, user_location
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
 
+OUTSIDE_TRAINING = "outside training"  # a model call's mark: a forward with gradients off, outside a micro-batch
+
 
 class Listener(Protocol):
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
@@ -48,6 +50,8 @@ class Listener(Protocol):
     def step_begin(self, step: int, update: Tape | None) -> None: ...
     def step_end(self, step: int, skipped: bool) -> None: ...
     def training_ends(self) -> None: ...
+    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None: ...
+    def eval_end(self, output) -> None: ...
 
 
 class Hooks(WatchedOptimizer):
@@ -204,6 +208,11 @@ class Hooks(WatchedOptimizer):
         self._calls.append(None)
         if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
             return
+        if not self.open and not self.in_backward and not torch.is_grad_enabled():  # validation, generation
+            if self._adopt(module):
+                self._calls[-1] = OUTSIDE_TRAINING
+                self.listener.eval_begin(module, args, kwargs, self.step - 1)
+            return
         self._open_micro(module, args, kwargs)
         tape = self.recorder.tape
         if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
@@ -218,24 +227,39 @@ class Hooks(WatchedOptimizer):
             return
         entry = self._calls.pop()
         tape = self.recorder.tape
+        if entry is OUTSIDE_TRAINING:
+            try:  # (its replay runs with the recorder still off, as the forward did)
+                self.listener.eval_end(output)
+            finally:
+                self.recorder.resume()
+            return
         if entry is not None and tape is not None:
             tape.returned(entry, output)
             self.outputs.append(output)  # (alive anyway until the backward, which lets them go)
         self.recorder.resume()
 
+    def _adopt(self, module: nn.Module) -> bool:
+        """Whether `module` is the watched model: the root, or (none yet) a module that owns all the parameters of
+        a live optimizer, which then becomes the root (the listener attaches to it)."""
+        if self.root is not None:
+            return module is self.root or bare(module) is bare(self.root)
+        model = bare(module)
+        ids = {id(p) for p in model.parameters()}
+        live = [r() for r in self.other_optimizers]
+        mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
+        if not mine and not self.manual:  # its optimizer is gone already: not the training model
+            return False
+        self.root, self.optimizer = module, mine[-1] if mine else None
+        self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
+        self.listener.attach(model, self.optimizer)
+        return True
+
     def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
         if self.root is None:
-            model = bare(module)
-            ids = {id(p) for p in model.parameters()}
-            live = [r() for r in self.other_optimizers]
-            mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
-            if not mine and not self.manual:  # its optimizer is gone already: not the training model
+            if not self._adopt(module):
                 return
-            self.root, self.optimizer = module, mine[-1] if mine else None
-            self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
-            self.listener.attach(model, self.optimizer)
         elif module is not self.root:
             return
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
