@@ -22,6 +22,7 @@ from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
+from debug_nan.drivers.run.ensemble import Models
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
@@ -73,7 +74,13 @@ class RunListener:
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
                                 trace_at=self.options.trace_at)
         count = sum(p.numel() for p in model.parameters())
-        if optimizer is None:
+        if isinstance(model, Models):
+            optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
+            self.log(f"[debug-nan] watching {model.describe()} ({count:,} parameters) and "
+                     f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
+                     f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
+                     f"together, with no forward between them, one step)")
+        elif optimizer is None:
             self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
@@ -262,6 +269,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         try:
             if hooks.manual and hooks.backward_since_open and not m.stopped:
                 hooks.close_manual_step()  # the last hand-written update
+            if not m.stopped:
+                hooks.flush_step()  # (several optimizers: their last step)
         except RunStopped:
             pass
         if not m.stopped:

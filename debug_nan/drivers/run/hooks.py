@@ -28,12 +28,12 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
+from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
-from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
+from debug_nan.engine.watch.module_hooks import ModuleHook
 from debug_nan.errors import InputError
 from debug_nan.frames import calls_through, user_location
 
@@ -140,6 +140,7 @@ class Hooks(WatchedOptimizer):
 
             def destroy_process_group(*args, **kwargs):
                 if not hooks.is_paused and hooks.root is not None:
+                    hooks.flush_step()
                     hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
                 with calls_through:
                     return destroy(*args, **kwargs)
@@ -157,36 +158,6 @@ class Hooks(WatchedOptimizer):
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
-
-    # -- optimizers and the root -------------------------------------------------------------------------------
-    def created(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.root is not None:
-            self.other_optimizers.append(weakref.ref(optimizer))
-            return
-        self._hook_models(owners(optimizer_params(optimizer)))
-        self.other_optimizers.append(weakref.ref(optimizer))
-
-    def _hook_models(self, modules: list[nn.Module]) -> None:
-        for module in modules:
-            keep_out_of_copies(module)
-            self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
-                              module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
-                                                           always_call=True)]
-
-    def _adopt_by_backward(self, tensors) -> None:
-        """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
-        the model is the module that owns every parameter this backward reaches. Watched from its next forward;
-        each forward after a backward then closes a step (the script's own update ran between them)."""
-        self.manual_tried = True
-        found = owners(leaves_reached(tensors))
-        if found:
-            self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
-            self._hook_models(found)
-
-    def scheduler_of(self, optimizer):
-        """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
-        live = [r() for r in self.schedulers]
-        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
 
     @contextmanager
     def paused(self):
@@ -210,17 +181,20 @@ class Hooks(WatchedOptimizer):
             return
         if not self.open and not self.in_backward and not torch.is_grad_enabled():  # validation, generation
             if self._adopt(module):
+                self.flush_step()
                 self._calls[-1] = OUTSIDE_TRAINING
                 self.listener.eval_begin(module, args, kwargs, self.step - 1)
             return
         self._open_micro(module, args, kwargs)
         tape = self.recorder.tape
-        if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
+        if tape is not None and self.open and self._is_model(module):
             if not tape.entries:  # the micro-batch's first call: its arguments are the captured batch
                 tape.first_inputs(args, kwargs)
                 self._calls[-1] = tape.model_call((), {})
             else:
                 self._calls[-1] = tape.model_call(args, kwargs)
+            if self.models is not None:  # (several models: which one the replay calls)
+                self._calls[-1].member = self.models.member_index(module)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         if self.is_paused or not self._calls:
@@ -238,30 +212,19 @@ class Hooks(WatchedOptimizer):
             self.outputs.append(output)  # (alive anyway until the backward, which lets them go)
         self.recorder.resume()
 
-    def _adopt(self, module: nn.Module) -> bool:
-        """Whether `module` is the watched model: the root, or (none yet) a module that owns all the parameters of
-        a live optimizer, which then becomes the root (the listener attaches to it)."""
-        if self.root is not None:
-            return module is self.root or bare(module) is bare(self.root)
-        model = bare(module)
-        ids = {id(p) for p in model.parameters()}
-        live = [r() for r in self.other_optimizers]
-        mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
-        if not mine and not self.manual:  # its optimizer is gone already: not the training model
-            return False
-        self.root, self.optimizer = module, mine[-1] if mine else None
-        self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
-        self.listener.attach(model, self.optimizer)
-        return True
-
-    def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _open_micro(self, module: nn.Module | None, args: tuple, kwargs: dict) -> None:
+        """A micro-batch opens at `module`'s forward; with module None, at a backward whose forwards ran before the
+        last backward (several models: an actor-critic's second loss), with no batch of its own."""
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
-        if self.root is None:
+        if module is None:
+            pass
+        elif self.root is None:
             if not self._adopt(module):
                 return
-        elif module is not self.root:
+        elif not (self._is_model(module) if self.models is not None else module is self.root):
             return
+        self.flush_step()
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
             if self.micro:
                 self.close_manual_step()
@@ -278,6 +241,8 @@ class Hooks(WatchedOptimizer):
         if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
                 and not any(r() is not None for r in self.other_optimizers):
             self._adopt_by_backward(tensors)
+        if not self.open and self.models is not None and not self.in_backward and not self.is_paused:
+            self._open_micro(None, (), {})
         if not self.open or self.in_backward or self.is_paused:
             with calls_through:
                 return original(tensors, *args, **kwargs)
@@ -341,7 +306,9 @@ class Hooks(WatchedOptimizer):
                 update.step_location = user_location(2)  # the script's `optimizer.step()` line
             if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
                 update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
-            self.listener.step_begin(self.step, update)
+            if not self.joins_step(optimizer, update):
+                self._pending_update = update
+                self.listener.step_begin(self.step, update)
         self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
         self._in_step = True
 
@@ -353,7 +320,10 @@ class Hooks(WatchedOptimizer):
             self._in_step = False
         if self._mine(optimizer):
             self.stepped_since_update = self.stepped_this_step = True
-            self._close_step(skipped=False)
+            if self.models is not None:
+                self.step_pending = True  # (another optimizer may join this step before the next forward)
+            else:
+                self._close_step(skipped=False)
 
     def close_manual_step(self) -> None:
         """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or
