@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
 from debug_nan.drivers.framework import FrameworkDriver
-from debug_nan.drivers.run.eval_forwards import EvalForwards
+from debug_nan.drivers.eval_forwards import EvalForwards
 from debug_nan.drivers.run.bundle import PROTOCOL, pickle_module, script_modules_by_value, script_state
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.replayer import TapeReplayer
@@ -219,13 +219,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         if finding is None:
             return False
         self.answer_seconds = time.perf_counter() - started
-        self.findings.append(finding)
-        self.notes.append(f"Found in a forward of the model outside training (a validation pass, a generate loop) "
-                          f"after step {finding.step}; every training step before it was finite. The command was "
-                          f"stopped at that forward, as at any finding (no repro bundle for a forward outside "
-                          f"training: the finding above is its replay).")
-        self.stopped = True  # (the model is left as it is: training was finite, nothing to put back)
-        self.session.watch.discard()
+        self.eval_forwards.found(finding)
         return True
 
     def watch_on_outside_training(self) -> bool:

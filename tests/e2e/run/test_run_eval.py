@@ -131,7 +131,7 @@ def test_a_nan_only_in_validation_is_found_with_its_op(tmp_path, run_here):
                                        "no_grad")
     said = " ".join(stderr.split())
     assert "where after step 3, eval batch 1, phase eval" in said
-    assert "every training step before it was finite. The command was stopped at that forward" in said
+    assert "every training step before it was finite. The run was stopped at that forward" in said
     assert stdout == ""  # stopped in the first validation forward, before the epoch's line
 
 

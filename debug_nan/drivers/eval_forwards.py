@@ -1,6 +1,7 @@
-"""The watched model's forwards outside training (`debug-nan run`): a validation pass under `no_grad` or
-`inference_mode`, a generate loop, a sampling callback. The mission's first story is one of these: training finite,
-`val nan` every epoch.
+"""The watched model's forwards outside training: a validation pass under `no_grad` or `inference_mode`, a generate
+loop, a sampling callback, a Lightning sanity check. The mission's first story is one of these: training finite,
+`val nan` every epoch. `debug-nan run` sees them through its global hooks (drivers/run/hooks.py); the callbacks
+and the Monitor through the forward hooks of `ForwardsOutsideTraining` on their model.
 
 Harm: a model output holding NaN or +Inf that the script goes on to use (a validation loss, a sampled token). An
 output whose only non-finite values are -Inf is taken for a deliberate mask (masked logits) and stays silent, as a
@@ -25,6 +26,7 @@ from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.snapshot import capture_rng
 from debug_nan.engine.stats import capture_batch
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.engine.watch.watch_result import Check
 
 
@@ -73,6 +75,63 @@ class EvalForwards:
         check = Check(CheckKind.FORWARD, "<model output>", reading)
         with self.d.watch_paused():
             return self.d.pinpointer.pinpoint_eval(step, index, batch, rng, evaluate, check, None, where=where)
+
+
+    def found(self, finding: Finding) -> None:
+        """The driver keeps the finding and stops watching; the model is left as it is (training was finite, there
+        is nothing to put back)."""
+        d = self.d
+        d.findings.append(finding)
+        d.notes.append(f"Found in a forward of the model outside training (a validation pass, a generate loop) "
+                       f"after step {finding.step}; every training step before it was finite. The run was stopped "
+                       f"at that forward, as at any finding (no repro bundle for a forward outside training: the "
+                       f"finding above is its replay).")
+        d.stopped = True
+        d.session.watch.discard()
+
+
+class ForwardsOutsideTraining:
+    """Forward hooks on a framework's model (the Lightning and HF callbacks, the Monitor): each outermost forward
+    of `modules` made with gradients off, outside a training micro-batch, is checked (EvalForwards); a harmful one
+    is pinpointed and `on_finding(finding)` is the integration's: keep it (EvalForwards.found) and stop its loop."""
+
+    def __init__(self, driver, modules: list[nn.Module], steps_taken, on_finding):
+        self.d, self.steps_taken, self.on_finding = driver, steps_taken, on_finding
+        self.evals = EvalForwards(driver)
+        self.depth, self.busy, self.tracking = 0, False, None
+        self.handles = []
+        pre, post = ModuleHook(self._pre, compiled="eager"), ModuleHook(self._post, compiled="eager")
+        for module in {id(m): m for m in modules}.values():
+            keep_out_of_copies(module)  # (an EMA's deepcopy, torch.save(model): the copy has none of these hooks)
+            self.handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
+                             module.register_forward_hook(post, with_kwargs=True, always_call=True)]
+
+    def _active(self) -> bool:
+        d = self.d
+        return not self.busy and not torch.is_grad_enabled() and not d.session.stopped and not d.watch.enabled
+
+    def _pre(self, module, args, kwargs) -> None:
+        self.depth += 1
+        if self.depth == 1 and self._active():
+            self.tracking = module
+            self.evals.begin(module, args, kwargs, self.steps_taken())
+
+    def _post(self, module, args, kwargs, output) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth or self.tracking is not module:
+            return
+        self.tracking, self.busy = None, True
+        try:
+            finding = self.evals.end(output)
+        finally:
+            self.busy = False
+        if finding is not None:
+            self.on_finding(finding)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
 
 
 def harmful_reading(output) -> float | None:
