@@ -22,7 +22,7 @@ from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
-from debug_nan.drivers.run.ensemble import Models
+from debug_nan.drivers.run.ensemble import Models, Optimizers
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
@@ -74,9 +74,10 @@ class RunListener:
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
                                 trace_at=self.options.trace_at)
         count = sum(p.numel() for p in model.parameters())
-        if isinstance(model, Models):
+        if isinstance(optimizer, Optimizers):
             optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
-            self.log(f"[debug-nan] watching {model.describe()} ({count:,} parameters) and "
+            named = model.describe() if isinstance(model, Models) else type(model).__name__
+            self.log(f"[debug-nan] watching {named} ({count:,} parameters) and "
                      f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
                      f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
                      f"together, with no forward between them, one step)")

@@ -187,8 +187,12 @@ class Optimizers:
             o.load_state_dict(s)
 
 
-def watched_set(optimizers: list) -> tuple[Models, Optimizers]:
-    """The models and optimizers of a script that trains several (or one whose parameters no module owns)."""
+def watched_set(optimizers: list) -> tuple[nn.Module, Optimizers]:
+    """The models and optimizers of a script that trains several (or one whose parameters no module owns): the
+    one module that holds them all where there is one (two optimizers over one model's halves: its names stay the
+    script's), else a Models of them."""
     params = list({id(p): p for o in optimizers for g in o.param_groups for p in g["params"]}.values())
     modules, loose = cover(params)
+    if len(modules) == 1 and not loose:
+        return bare(modules[0]), Optimizers(optimizers)
     return Models(modules, loose), Optimizers(optimizers)

@@ -320,7 +320,7 @@ class Hooks(WatchedOptimizer):
             self._in_step = False
         if self._mine(optimizer):
             self.stepped_since_update = self.stepped_this_step = True
-            if self.models is not None:
+            if self.several:
                 self.step_pending = True  # (another optimizer may join this step before the next forward)
             else:
                 self._close_step(skipped=False)

@@ -63,6 +63,11 @@ class WatchedOptimizer:
         return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
 
     # -- the watched model -------------------------------------------------------------------------------------
+    @property
+    def several(self) -> bool:
+        """Several optimizers are watched (ensemble.Optimizers)."""
+        return isinstance(self.optimizer, Optimizers)
+
     def _is_model(self, module: nn.Module) -> bool:
         if self.models is not None:
             return self.models.member_index(module) is not None
@@ -85,10 +90,11 @@ class WatchedOptimizer:
             return True
         if not any(optimizer_params(o) & ids for o in live):  # its optimizer is gone already: not trained
             return False
-        self.models, self.optimizer = watched_set(live)
-        self.root, self.other_optimizers = self.models, []
-        self.listener.attach(self.models, self.optimizer)
-        return self.models.member_index(module) is not None
+        model, self.optimizer = watched_set(live)
+        self.models = model if isinstance(model, Models) else None
+        self.root, self.other_optimizers = (model if self.models is not None else module), []
+        self.listener.attach(model, self.optimizer)
+        return self._is_model(module)
 
     # -- which optimizer steps ---------------------------------------------------------------------------------
     def _mine(self, optimizer) -> bool:
@@ -128,7 +134,7 @@ class WatchedOptimizer:
         """Several optimizers: `optimizer` steps right after another, with no forward between (two optimizers
         over one model's halves): it joins that step (its replay steps both, in order)."""
         if not self.step_pending:
-            if update is not None and self.models is not None:
+            if update is not None and self.several:
                 update.stepped = [self.optimizer.index(optimizer)]
             return False
         stepped = getattr(self, "_pending_update", None)
