@@ -39,6 +39,7 @@ class EvalForwards:
         self.step = -1  # the optimizer steps taken when the last forward outside training came
         self.count = 0  # forwards outside training since that step
         self.total = 0
+        self.done = False  # a finding was made: no more checks
         self._call = None  # the forward under way: (module, batch, form, RNG state, inference mode, training)
 
     def begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None:
@@ -83,15 +84,21 @@ class EvalForwards:
             return self.d.pinpointer.pinpoint_eval(step, index, batch, rng, evaluate, check, None, where=where)
 
 
-    def found(self, finding: Finding) -> None:
-        """The driver keeps the finding and stops watching; the model is left as it is (training was finite, there
-        is nothing to put back)."""
+    def found(self, finding: Finding, stop: bool = True) -> None:
+        """The driver keeps the finding; with `stop` it watches no more (the model is left as it is: training was
+        finite, there is nothing to put back). Under torchrun (`stop` False) the run goes on: a rank stopped in a
+        forward outside training would leave the others waiting in their next collective."""
         d = self.d
         d.findings.append(finding)
-        d.notes.append(f"Found in a forward of the model outside training (a validation pass, a generate loop) "
-                       f"after step {finding.step}; every training step before it was finite. The run was stopped "
-                       f"at that forward, as at any finding (no repro bundle for a forward outside training: the "
-                       f"finding above is its replay).")
+        self.done = True  # (the first one is the finding: later forwards outside training are not checked)
+        where = (f"Found in a forward of the model outside training (a validation pass, a generate loop) after step "
+                 f"{finding.step}; every training step before it was finite. ")
+        if not stop:
+            d.notes.append(where + "Under torchrun the run went on to its end (this rank alone cannot stop the "
+                           "others, which would wait in their next collective); the exit code is still 1.")
+            return
+        d.notes.append(where + "The run was stopped at that forward, as at any finding (no repro bundle for a "
+                       "forward outside training: the finding above is its replay).")
         d.stopped = True
         d.session.watch.discard()
 
@@ -114,7 +121,8 @@ class ForwardsOutsideTraining:
 
     def _active(self) -> bool:
         d = self.d
-        return not self.busy and not torch.is_grad_enabled() and not d.session.stopped and not d.watch.enabled
+        return (not self.busy and not torch.is_grad_enabled() and not d.session.stopped and not d.watch.enabled
+                and not self.evals.done)
 
     def _pre(self, module, args, kwargs) -> None:
         self.depth += 1

@@ -218,8 +218,11 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
             self.outside.remove()
 
     def _found_outside(self, finding) -> None:
-        """An evaluation forward made NaN/+Inf (ForwardsOutsideTraining): training stops at the next step's end."""
-        self.outside.evals.found(finding)
+        """An evaluation forward made NaN/+Inf (ForwardsOutsideTraining): training stops at the next step's end
+        (under DDP the finding is kept and training goes on: one rank cannot stop the others from there)."""
+        self.outside.evals.found(finding, stop=self.driver.dist is None)
+        if not self.driver.stopped:
+            return
         self._conclude()
         if self.outputs.on_trip == "raise":
             self._uninstall()  # train() ends here without on_train_end

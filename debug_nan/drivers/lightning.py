@@ -185,8 +185,11 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
 
     # -- a trip ------------------------------------------------------------------------------------------------
     def _found_outside(self, trainer, finding) -> None:
-        """A validation forward made NaN/+Inf (ForwardsOutsideTraining): the run stops as at a training trip."""
-        self.outside.evals.found(finding)
+        """A validation forward made NaN/+Inf (ForwardsOutsideTraining): the run stops as at a training trip (under
+        DDP the finding is kept and training goes on: one rank cannot stop the others from a validation forward)."""
+        self.outside.evals.found(finding, stop=self.driver.dist is None)
+        if not self.driver.stopped:
+            return
         self._conclude(trainer)
         trainer.should_stop = True
         if self.outputs.on_trip == "raise":

@@ -210,7 +210,8 @@ class RunDriver(TapeReplayer, FrameworkDriver):
             self.session.stop(finding)
 
     def eval_end(self, output) -> bool:
-        """A forward outside training ended: True when its output was harmful (the finding made, the run stopped)."""
+        """A forward outside training ended: True when its output was harmful and the run is to stop (one process;
+        under torchrun the finding is kept and the run goes on: EvalForwards.found)."""
         if not self.watch_on_outside_training():
             self.eval_forwards.end(None)
             return False
@@ -219,11 +220,11 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         if finding is None:
             return False
         self.answer_seconds = time.perf_counter() - started
-        self.eval_forwards.found(finding)
-        return True
+        self.eval_forwards.found(finding, stop=self.dist is None)
+        return self.stopped
 
     def watch_on_outside_training(self) -> bool:
-        return not self.stopped and self.watch is not None and not self.hooks.is_paused
+        return not self.stopped and not self.eval_forwards.done and not self.hooks.is_paused
 
     def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
         """Model calls of this micro-batch whose outputs its backward does not take (the script skipped a NaN loss
