@@ -10,9 +10,9 @@
 #   DEBUG_NAN_MATRIX=0 bash .ci/run          # skip the legs (a local run of the CI script)
 #
 # Each leg's test dependencies are pinned to versions that support its torch (constraints/<leg>.txt, torch itself
-# is pinned here). The packages come from PyPI through uv (pinned below, installed into the cache's own venv): on
-# this workplace's registry proxy pip caches nothing (no cache headers) and resolves one package at a time, about
-# 2.5 min for the test dependencies where uv takes 5 s. uv's cache keeps every wheel unpacked, and each leg's
+# is pinned here). The packages come from PyPI through uv (pinned below, installed into the cache's own venv): it
+# resolves in parallel and caches every wheel, where pip took minutes for the test dependencies (docs/support.md).
+# uv's cache keeps every wheel unpacked, and each leg's
 # virtualenv hardlinks from it: PyPI's torch is a CUDA build (about 2.8 GB of wheels with its nvidia-* packages,
 # which are py3-none and shared between Pythons), about 60 s to fetch once, then about 3 s per install.
 # The cache (DEBUG_NAN_MATRIX_CACHE, default ~/.cache/debug-nan/matrix) is kept between runs; the legs' virtualenvs
