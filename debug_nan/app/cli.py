@@ -250,12 +250,10 @@ def main(ctx: click.Context, config, **flags):
 @click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N [default: auto]")
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="A copy of the text log.")
-@click.option("--trust", is_flag=True, help="Replay a bundle that is unsigned, changed since it was written, or "
-              "signed by a key you do not have: loading it can run code stored in it, so only for a bundle whose "
-              "origin you trust. [default: refuse it, exit 2]")
+@click.option("--trust", is_flag=True, help="Replay a bundle unsigned, changed or signed by a key you lack (loading "
+              "it can run code stored in it: only one you trust). [default: refuse it, exit 2]")
 def replay(bundle, device, report, log_path, trust):
-    """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU).
-    Only bundles signed by your key (or a key in ~/.config/debug-nan/trusted-keys/) are loaded without --trust."""
+    """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
     try:
         with interrupts.deferred():
             require_versions()
