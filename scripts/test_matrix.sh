@@ -31,7 +31,8 @@ LEGS=("py3.10-torch2.4 3.10 2.4.1"
 UNIT=(tests/unit/foundation/test_torch_support.py tests/unit/test_layers.py tests/unit/foundation/test_settings.py
       tests/unit/engine/trace/test_tracer.py tests/unit/engine/watch/test_watch.py
       tests/unit/engine/replay/test_snapshot.py tests/unit/drivers/run/test_tape.py tests/unit/drivers/run/test_ranks.py
-      tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py)
+      tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py
+      tests/unit/presentation/test_bundle_signature.py)
 # (the two-rank tests, 30-90 s each on a loaded 2-core machine, live in tests/e2e/ddp and are left to the main leg,
 # but the two below: DDP is covered by them)
 SKIP=()
@@ -40,6 +41,7 @@ E2E=("tests/e2e/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task
      "tests/e2e/run/test_run_scaler.py::test_scaler_overflow_steps_are_skipped_and_the_nan_after_them_is_found"
      "tests/e2e/run/test_run_optimizer.py::test_optimizer_phase_same_finding_as_the_task"
      "tests/e2e/run/test_run_bundles.py::test_a_loss_code_bug_replays_from_the_bundle_without_the_script"
+     "tests/e2e/cli/test_bundle_trust.py::test_a_task_bundle_loads_with_weights_only"
      "tests/unit/engine/watch/test_watch_compile.py::test_the_watch_leaves_one_graph_without_breaks"
      # the parity rows of the CLI, the Monitor and `debug-nan run` of a plain loop (Lightning and the HF Trainer
      # need framework releases that need a newer torch: the main leg runs them)

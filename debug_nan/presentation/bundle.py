@@ -64,14 +64,15 @@ def write_bundle(directory: str | Path, state: dict, pickler: dict | None = None
     return path
 
 
-_PLAIN = (str, int, float, bool, type(None), torch.dtype, torch.device)
+_PLAIN = (str, int, float, bool, type(None))
 
 
 def weights_only_safe(value) -> bool:
-    """Does torch.load(weights_only=True) read `value` back? Tensors, plain scalars and strings, in dicts, lists
-    and tuples of exactly those types (a subclass, a NumPy value or an object of the script is not)."""
+    """Does torch.load(weights_only=True) read `value` back, with every supported torch? Tensors, plain scalars and
+    strings, in dicts, lists and tuples of exactly those types (a subclass, a NumPy value, an object of the script
+    is not; nor torch.dtype, torch.device, torch.Size: not every torch 2.4 reads them so, and no state holds them)."""
     kind = type(value)
-    if kind in (torch.Tensor, torch.nn.Parameter) or kind in _PLAIN or kind is torch.Size:
+    if kind in (torch.Tensor, torch.nn.Parameter) or kind in _PLAIN:
         return True
     if kind in (dict, OrderedDict):
         return all(weights_only_safe(k) and weights_only_safe(v) for k, v in value.items())

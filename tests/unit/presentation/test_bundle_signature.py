@@ -96,9 +96,9 @@ class Mine:
 
 
 def test_weights_only_safe_says_what_torch_load_weights_only_reads():
-    state = {"model": OrderedDict(w=torch.zeros(2)), "p": torch.nn.Parameter(torch.ones(1)), "size": torch.Size([2]),
-             "groups": [{"lr": 0.1, "betas": (0.9, 0.99), "foreach": None, "dtype": torch.float16}], "name": "x",
-             "rng": [{"numpy": ("MT19937", [1, 2], 0, 0, 0.0)}], "device": torch.device("cpu")}
+    state = {"model": OrderedDict(w=torch.zeros(2)), "p": torch.nn.Parameter(torch.ones(1)), "name": "x",
+             "groups": [{"lr": 0.1, "betas": (0.9, 0.99), "foreach": None, "fused": False}],
+             "rng": [{"numpy": ("MT19937", [1, 2], 0, 0, 0.0)}, {"torch": torch.zeros(8, dtype=torch.uint8)}]}
     assert weights_only_safe(state)
     buffer = io.BytesIO()
     torch.save(state, buffer)
