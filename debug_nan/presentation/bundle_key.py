@@ -60,7 +60,8 @@ def own_key(create: bool) -> bytes | None:
             return None
         return _create(path)
     except (OSError, UnicodeDecodeError) as exc:
-        raise BundleKeyError(f"the bundle key {path} cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+        why = getattr(exc, "strerror", None) or exc
+        raise BundleKeyError(f"the bundle key {path} cannot be read ({why})") from None
     key = parse_key(text)
     if key is None:
         raise BundleKeyError(f"the bundle key {path} is not a key (64 hex digits): move it away and a new one is made")

@@ -1,5 +1,6 @@
 """The bundle key and signature (presentation/bundle_key.py, bundle_signature.py) and what is written weights-only
-(presentation/bundle.py's weights_only_safe), each alone; through `debug-nan replay`: tests/e2e/cli/test_bundle_trust.py."""
+(presentation/bundle.py's weights_only_safe), each alone; through `debug-nan replay`:
+tests/e2e/cli/test_bundle_trust.py."""
 
 import io
 import os
