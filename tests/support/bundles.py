@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from debug_nan import torch_support
 from debug_nan.presentation import bundle_key, bundle_signature
 from debug_nan.presentation.bundle import BUNDLE_VERSION, read_bundle
 
@@ -16,7 +17,7 @@ def save_signed(path: Path, data: dict, code: bool = False, version: int = BUNDL
                 key: bytes | None = None) -> Path:
     """torch.save(data) as a bundle signed by `key` (default: this session's own key)."""
     buffer = io.BytesIO()
-    torch.save(data, buffer)
+    torch.save(data, buffer, **torch_support.save_options())
     payload = buffer.getvalue()
     key = key if key is not None else bundle_key.own_key(create=True)
     Path(path).write_bytes(bundle_signature.header(payload, code, version, key) + payload)

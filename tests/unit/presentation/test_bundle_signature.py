@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from debug_nan import torch_support
 from debug_nan.errors import InputError
 from debug_nan.presentation import bundle_key, bundle_signature
 from debug_nan.presentation.bundle import weights_only_safe
@@ -102,7 +103,7 @@ def test_weights_only_safe_says_what_torch_load_weights_only_reads():
              "rng": [{"numpy": ("MT19937", [1, 2], 0, 0, 0.0)}, {"torch": torch.zeros(8, dtype=torch.uint8)}]}
     assert weights_only_safe(state)
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(state, buffer, **torch_support.save_options())  # (torch 2.5 on Python 3.13: the pure pickler)
     buffer.seek(0)
     assert torch.load(buffer, weights_only=True)["groups"][0]["betas"] == (0.9, 0.99)
     for unsafe in (np.zeros(2), np.float64(1.0), Mine(), lambda: 0, torch.__version__, {Mine(): 1}, {1, 2}):
