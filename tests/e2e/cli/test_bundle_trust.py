@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from debug_nan import torch_support
 from debug_nan.app.cli import main
 from debug_nan.presentation import bundle_key, bundle_signature
 from debug_nan.presentation.bundle import BUNDLE_VERSION, REQUIRED_KEYS
@@ -39,7 +40,7 @@ def crafted(tmp_path, version: int) -> dict:
 
 def bare(tmp_path, version):
     """torch's own file, no signature: a bundle of an older debug-nan's shape, or any pickle named .pt."""
-    torch.save(crafted(tmp_path, version), tmp_path / "b.pt")
+    torch.save(crafted(tmp_path, version), tmp_path / "b.pt", **torch_support.save_options())
 
 
 def foreign(tmp_path, version):
@@ -54,7 +55,7 @@ def changed(tmp_path, version):
     head = blob[:blob.index(b"hmac-sha256 ")]
     signature = blob[len(head):blob.index(b"\n", len(head)) + 1]
     evil = io.BytesIO()
-    torch.save(crafted(tmp_path, version), evil)
+    torch.save(crafted(tmp_path, version), evil, **torch_support.save_options())
     (tmp_path / "b.pt").write_bytes(head + signature + evil.getvalue())
 
 
