@@ -205,6 +205,12 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def out_folder(arg: str) -> Path:
+    """--out as an absolute path: the items run their commands in other folders (the repository, their own), where
+    a relative path would name another place."""
+    return Path(arg).expanduser().resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto [default: auto]")
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_check_items import ALONE, IN_PROCESS, POOLED
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    out = Path(args.out)
+    out = out_folder(args.out)
     out.mkdir(parents=True, exist_ok=True)
     check = Check(device, args.quick, out, args.budget_s, max(1, args.jobs))
     specs = [*IN_PROCESS, *POOLED, *ALONE]

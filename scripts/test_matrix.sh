@@ -10,9 +10,9 @@
 #   DEBUG_NAN_MATRIX=0 bash .ci/run          # skip the legs (a local run of the CI script)
 #
 # Each leg's test dependencies are pinned to versions that support its torch (constraints/<leg>.txt, torch itself
-# is pinned here). The packages come from PyPI through uv (pinned below, installed into the cache's own venv): on
-# this workplace's registry proxy pip caches nothing (no cache headers) and resolves one package at a time, about
-# 2.5 min for the test dependencies where uv takes 5 s. uv's cache keeps every wheel unpacked, and each leg's
+# is pinned here). The packages come from PyPI through uv (pinned below, installed into the cache's own venv): it
+# resolves in parallel and caches every wheel, where pip took minutes for the test dependencies (docs/support.md).
+# uv's cache keeps every wheel unpacked, and each leg's
 # virtualenv hardlinks from it: PyPI's torch is a CUDA build (about 2.8 GB of wheels with its nvidia-* packages,
 # which are py3-none and shared between Pythons), about 60 s to fetch once, then about 3 s per install.
 # The cache (DEBUG_NAN_MATRIX_CACHE, default ~/.cache/debug-nan/matrix) is kept between runs; the legs' virtualenvs
@@ -31,7 +31,8 @@ LEGS=("py3.10-torch2.4 3.10 2.4.1"
 UNIT=(tests/unit/foundation/test_torch_support.py tests/unit/test_layers.py tests/unit/foundation/test_settings.py
       tests/unit/engine/trace/test_tracer.py tests/unit/engine/watch/test_watch.py
       tests/unit/engine/replay/test_snapshot.py tests/unit/drivers/run/test_tape.py tests/unit/drivers/run/test_ranks.py
-      tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py)
+      tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py
+      tests/unit/presentation/test_bundle_signature.py)
 # (the two-rank tests, 30-90 s each on a loaded 2-core machine, live in tests/e2e/ddp and are left to the main leg,
 # but the two below: DDP is covered by them)
 SKIP=()
@@ -40,6 +41,7 @@ E2E=("tests/e2e/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task
      "tests/e2e/run/test_run_scaler.py::test_scaler_overflow_steps_are_skipped_and_the_nan_after_them_is_found"
      "tests/e2e/run/test_run_optimizer.py::test_optimizer_phase_same_finding_as_the_task"
      "tests/e2e/run/test_run_bundles.py::test_a_loss_code_bug_replays_from_the_bundle_without_the_script"
+     "tests/e2e/cli/test_bundle_trust.py::test_a_task_bundle_loads_with_weights_only"
      "tests/unit/engine/watch/test_watch_compile.py::test_the_watch_leaves_one_graph_without_breaks"
      # the parity rows of the CLI, the Monitor and `debug-nan run` of a plain loop (Lightning and the HF Trainer
      # need framework releases that need a newer torch: the main leg runs them)

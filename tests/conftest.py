@@ -4,8 +4,10 @@ tests/unit`, or `-m "not e2e"`) and tests/e2e (whole jobs through an entry point
 what both import lives in tests/support."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,21 @@ from tests.support import REPO, SUPPORT
 
 TINY = str(REPO / "configs" / "tiny.toml")
 SCENARIOS = SUPPORT / "scenarios.py"
+
+
+def pytest_configure(config):
+    """The bundle key of the whole session (every xdist worker and every process a test starts) in a temporary
+    config folder, never the user's: set in the controller before its workers start, so that they inherit it and
+    a bundle written by one replays in another."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.debug_nan_config = tempfile.mkdtemp(prefix="debug-nan-test-config-")
+        os.environ["XDG_CONFIG_HOME"] = config.debug_nan_config
+        os.environ.pop("DEBUG_NAN_BUNDLE_KEY", None)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "debug_nan_config", None):
+        shutil.rmtree(config.debug_nan_config, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -251,13 +251,15 @@ def main(ctx: click.Context, config, **flags):
 @click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N [default: auto]")
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="A copy of the text log.")
-def replay(bundle, device, report, log_path):
+@click.option("--trust", is_flag=True, help="Replay a bundle unsigned, changed or signed by a key you lack (loading "
+              "it can run code stored in it: only one you trust). [default: refuse it, exit 2]")
+def replay(bundle, device, report, log_path, trust):
     """Re-run the failing micro-batch saved in BUNDLE under the full op-level trace (any machine, CPU or GPU)."""
     try:
         with interrupts.deferred():
             require_versions()
             from debug_nan.app.replay import run_replay
-        code = run_replay(bundle, device, report, log_path)
+        code = run_replay(bundle, device, report, log_path, trust)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2

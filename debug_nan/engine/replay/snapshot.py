@@ -36,6 +36,15 @@ def capture_rng(device: torch.device) -> dict:
     return state
 
 
+def portable_rng(state: dict) -> dict:
+    """An RNG state as a bundle keeps it: NumPy's key array as a list of ints (a bundle of plain values and tensors
+    is read with torch.load(weights_only=True), which reads no NumPy array); restore_rng takes either."""
+    if not isinstance(state, dict) or "numpy" not in state:
+        return state
+    name, keys, *rest = state["numpy"]
+    return {**state, "numpy": (name, keys.tolist() if isinstance(keys, np.ndarray) else keys, *rest)}
+
+
 def restore_rng(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])

@@ -18,6 +18,15 @@ def test_no_guards_bundle_replays_to_the_same_finding_in_a_fresh_process(run_cli
     for key in ("step", "micro_step", "phase", "module", "op", "cause", "kind", "source"):
         assert again[key] == run.first[key], key
     assert "Same origin as recorded in the bundle." in proc.stdout
+    # the built-in task's bundle holds no object of a script: it loads with weights_only=True
+    import io
+
+    import torch
+
+    from tests.support.bundles import payload
+
+    assert b'"code": false' in open(bundle, "rb").read(200)
+    assert torch.load(io.BytesIO(payload(bundle)), weights_only=True)["step"] == 1
 
 
 def test_task_bundle_replays_through_the_task_reference(run_cli, tmp_path):
@@ -52,6 +61,8 @@ def test_not_a_bundle_is_exit_2(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_text("nope")
     out = CliRunner().invoke(main, ["replay", str(junk)])
+    assert out.exit_code == 2 and "carries no debug-nan signature" in out.output
+    out = CliRunner().invoke(main, ["replay", str(junk), "--trust"])
     assert out.exit_code == 2 and "is not a debug-nan repro bundle" in out.output
 
 

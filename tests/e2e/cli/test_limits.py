@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from debug_nan.app.cli import main
 from debug_nan.presentation.bundle import BUNDLE_VERSION, REQUIRED_KEYS
+from tests.support.bundles import save_signed
 from tests.support import FAULT_TASKS
 
 TASK = ("--task", "faults.py:healthy", "--device", "cpu", "--max-steps", "1")
@@ -31,7 +32,8 @@ def build():
 
 def _bundle(version=BUNDLE_VERSION, **settings):
     def setup(d):
-        torch.save({"version": version, **{k: None for k in REQUIRED_KEYS}, "settings": settings}, d / "b.pt")
+        save_signed(d / "b.pt", {"version": version, **{k: None for k in REQUIRED_KEYS}, "settings": settings},
+                    version=version)
     return setup
 
 
@@ -69,7 +71,7 @@ LIMITS = [
           _checkpoint(b"PK")),
     Limit("task-model-on-meta", ("--task", "meta.py:build", "--device", "cpu", "--max-steps", "1"), 2,
           "`model` is on the meta device", lambda d: (d / "meta.py").write_text(META_TASK)),
-    Limit("bundle-of-a-newer-format", ("replay", "{d}/b.pt"), 2, "was written by a newer debug-nan (bundle version 2",
+    Limit("bundle-of-a-newer-format", ("replay", "{d}/b.pt"), 2, f"was written by a newer debug-nan (bundle version {BUNDLE_VERSION + 1}",
           _bundle(BUNDLE_VERSION + 1)),
     Limit("bundle-with-newer-settings", ("replay", "{d}/b.pt"), 2, "its settings zz_new_option are unknown",
           _bundle(zz_new_option=1)),

@@ -125,23 +125,25 @@ FAULTS = [
     Fault("replay-report-is-the-bundle", ("replay", "{d}/b.pt", "--report", "{d}/b.pt"), 2,
           "--report {d}/b.pt is the same file as the bundle", None, setup=lambda d: (d / "b.pt").write_bytes(b"x")),
     Fault("replay-bundle-without-content", ("replay", "{d}/empty.pt", "--report", "{d}/r.json"), 2,
-          "without its content (settings, step", setup=lambda d: _save(d / "empty.pt", {"version": 1})),
-    Fault("replay-truncated-bundle", ("replay", "{d}/cut.pt", "--report", "{d}/r.json"), 2, "looks truncated",
-          setup=lambda d: _truncated_bundle(d / "cut.pt")),
+          "without its content (settings, step", setup=lambda d: _save(d / "empty.pt", {"version": 2})),
+    Fault("replay-truncated-bundle", ("replay", "{d}/cut.pt", "--report", "{d}/r.json"), 2,
+          "does not match its signature", setup=lambda d: _truncated_bundle(d / "cut.pt")),
+    Fault("replay-truncated-bundle-trusted", ("replay", "{d}/cut.pt", "--trust", "--report", "{d}/r.json"), 2,
+          "looks truncated", setup=lambda d: _truncated_bundle(d / "cut.pt")),
     Fault("replay-a-folder", ("replay", "{d}", "--report", "{d}/r.json"), 2, "Invalid value for 'BUNDLE'"),
 ]
 
 
 def _save(path, obj):
-    import torch
+    from tests.support.bundles import save_signed
 
-    torch.save(obj, path)
+    save_signed(path, obj)
 
 
 def _truncated_bundle(path):
     import torch
 
-    torch.save({"version": 1, "settings": {}, "payload": torch.zeros(20000)}, path)
+    _save(path, {"version": 2, "settings": {}, "payload": torch.zeros(20000)})
     path.write_bytes(path.read_bytes()[:30000])
 
 

@@ -60,13 +60,13 @@ def test_replay_log_over_the_bundle_is_refused_before_writing(tmp_path):
 
 
 def test_replay_of_a_bundle_whose_state_does_not_fit_is_exit_2_with_the_report(tmp_path):
-    import torch
+    from tests.support.bundles import load, save_signed
 
     _, first = run_with_bundle(tmp_path)
-    data = torch.load(first["bundle"], weights_only=False)
+    data = load(first["bundle"])
     data["task_source"] = data["task_source"].replace("T(nn.Linear(3, 1), batches, loss)",
                                                       "T(nn.Linear(3, 2), batches, loss)")
-    torch.save(data, tmp_path / "edited.pt")
+    save_signed(tmp_path / "edited.pt", data)
     out = CliRunner().invoke(main, ["replay", str(tmp_path / "edited.pt"), "--report", str(tmp_path / "r.json")])
     assert out.exit_code == 2 and "Traceback" not in out.output, out.output
     report = json.loads((tmp_path / "r.json").read_text())

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from debug_nan import torch_support
 from debug_nan.app.cli import main
 from tests.e2e.run.test_run_in_place import CONTRASTIVE, PENALTY
+from tests.support.bundles import load
 from tests.support.run.script_runs import tripped
 
 # the model's class lives in the script; its activation in a module beside it; a scheduler with a lambda
@@ -146,7 +147,7 @@ def test_a_bundle_holds_the_state_at_the_failing_steps_start(tmp_path, run_here)
     model gives the same parameters."""
     (tmp_path / "update.py").write_text(UPDATE)
     done, _, _ = run_here("python", "update.py")
-    bundle = torch.load(done.first["bundle"], weights_only=False)
+    bundle = load(done.first["bundle"])
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

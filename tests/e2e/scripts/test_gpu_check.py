@@ -17,14 +17,17 @@ ITEMS = ["watch_syncs", "all_masked_sdpa", "demo_job", "cuda_tests", "gpt_run", 
 
 
 def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    """The script run from `out`'s parent folder (not the repository) with a relative --out, as a new user runs
+    it (`--out gpu-check/`)."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--out", f"{out.name}/", *args],
+                          cwd=out.parent, capture_output=True, text=True, timeout=timeout)
     return proc, json.loads((out / "gpu-check.json").read_text())
 
 
 @pytest.fixture(scope="session")
 def quick(tmp_path_factory):
-    """The quick run, made once for the whole session (tests/support/once.py)."""
+    """The quick run, made once for the whole session (tests/support/once.py), from another folder than the
+    repository with a relative --out (every item's paths then resolve against other folders: none may fail)."""
     proc, out = once(tmp_path_factory, "gpu-check", lambda folder: gpu_check(folder)[0])
     report = json.loads((out / "gpu-check.json").read_text())
     return proc, report, {i["name"]: i for i in report["items"]}, out
@@ -94,8 +97,11 @@ def test_quick_run_benchmark_figures(quick):
 
 def test_budget_stops_cleanly_and_lists_what_did_not_run(tmp_path):
     """Stopped cleanly: exit 0 within the timeout, the JSON and the table written, and what the budget left out
-    said so (demo_job alone would take minutes)."""
-    proc, report = gpu_check(tmp_path, "--budget-s", "8", "--only", "watch_syncs,demo_job,overhead", timeout=300)
+    said so (demo_job alone would take minutes). Run with the default --out, the current folder (not the
+    repository's)."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--budget-s", "8", "--only",
+                           "watch_syncs,demo_job,overhead"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     items = {i["name"]: i for i in report["items"]}
     assert list(items) == ["watch_syncs", "demo_job", "overhead"]

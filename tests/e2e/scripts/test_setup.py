@@ -65,7 +65,7 @@ def test_setup_pins_the_test_extras_in_its_venv_and_in_ci_only(tmp_path, where, 
 
 
 @pytest.mark.parametrize("default, cpu_index, code, installs", [
-    ("cpu", "ok", 0, ["torch==2.13.0"]),  # this workplace: the default index has the local CPU build
+    ("cpu", "ok", 0, ["torch==2.13.0"]),  # a default index that serves a CPU build (a CPU-only mirror)
     ("cuda", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
     ("offline", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
     ("cuda", "down", 1, []),  # never the CUDA build on a machine without a GPU: stop and say how
