@@ -115,8 +115,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--as-user", action="store_true", help=argparse.SUPPRESS)
     for name, default in (("hidden", 128), ("layers", 4), ("seq", 128), ("batch", 8), ("steps", 30),
-                          ("warmup", 16), ("accumulate", 1), ("threads", 1), ("eval_batches", 0)):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+                          ("warmup", 16), ("accumulate", 1), ("threads", 1)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--eval-batches", type=int, default=0, help="forwards in eval() + no_grad after each step")
     p.add_argument("--model", choices=("bert", "deep", "gpt2", "tiny"), default="bert",
                    help="BertForMaskedLM at --hidden/--layers/--seq/--batch, or a bench_models preset")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N [default: cpu]")
