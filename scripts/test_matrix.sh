@@ -34,7 +34,7 @@ UNIT=(tests/unit/foundation/test_torch_support.py tests/unit/test_layers.py test
       tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py
       tests/unit/presentation/test_bundle_signature.py)
 # (the two-rank tests, 30-90 s each on a loaded 2-core machine, live in tests/e2e/ddp and are left to the main leg,
-# but the two below: DDP is covered by them)
+# but the one below: torchrun, the ranks' agreement and DDP's reducer on the oldest torch)
 SKIP=()
 PARITY=tests/e2e/frameworks/test_parity.py::test_the_same_bug_gives_the_same_finding
 E2E=("tests/e2e/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task[masked-masked-2-where0]"
@@ -47,8 +47,7 @@ E2E=("tests/e2e/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task
      # need framework releases that need a newer torch: the main leg runs them)
      "$PARITY[every_label_ignored-cli]" "$PARITY[every_label_ignored-monitor]" "$PARITY[every_label_ignored-run]"
      "$PARITY[optimizer_divides_by_zero-cli]" "$PARITY[optimizer_divides_by_zero-run]"
-     "tests/e2e/ddp/test_run_ddp.py::test_a_nan_born_in_rank_1s_backward_is_rank_1s_though_every_rank_saw_it_first"
-     "tests/e2e/ddp/test_distributed.py::test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message")
+     "tests/e2e/ddp/test_run_ddp.py::test_a_nan_born_in_rank_1s_backward_is_rank_1s_though_every_rank_saw_it_first")
 
 say() { echo "matrix: $*"; }
 die() { echo "matrix: error: $*" >&2; exit 1; }
