@@ -118,6 +118,7 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
+                self.facts.consequence = tracer.consequence
                 self.facts.nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it

@@ -8,7 +8,8 @@ A TorchDispatchMode sees every aten operation, in forward, loss, backward and th
     a parameter) or met as an op input (a buffer, a constant made outside the traced ops).
 Every non-finite value carries the origins it descends from (provenance.Lineage, by storage), so the driver asks,
 once harm is reached, for the earliest origin IN THE LINEAGE OF THE HARMED VALUE (`origin_of`); origins whose
-values never reach harm are ignored. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
+values never reach harm are ignored. Finite values computed from non-finite ones keep their origins too (descent:
+rsqrt(inf) = 0 in a norm), so a later birth from them lists those as `ancestors`. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
 and a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
 hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
 (masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
@@ -88,6 +89,8 @@ class Tracer(TorchDispatchMode):
         self.nonfinite_outputs: list[tuple[str, frozenset]] = []
         self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
+        # the last origin_of(): the later birth its origin was reached through, by finite values (Lineage.consequence)
+        self.consequence: OpEvent | None = None
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
         self._anomaly = None
 
@@ -150,7 +153,9 @@ class Tracer(TorchDispatchMode):
                 nan_ids |= entry[0]
             if inf:
                 inf_ids |= entry[1]
-        return self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+        origin = self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+        self.consequence = self.lineage.consequence(origin) if origin is not None else None
+        return origin
 
     @staticmethod
     def inf_sources(event: OpEvent) -> list[OpEvent]:
@@ -252,6 +257,10 @@ class Tracer(TorchDispatchMode):
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
+        if self.lineage.origins and len(bad) < len(outs):  # finite results of non-finite or descended values
+            inputs = ([t for _, t, _ in before] if before is not None else
+                      [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+            self.lineage.descend(inputs, outs, bad, written)
         return out
 
     def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
@@ -283,6 +292,7 @@ class Tracer(TorchDispatchMode):
                                  tree_map(swap, args), tree_map(swap, kwargs), deliberate)
             if nan_birth:
                 event.inf_sources = sorted((self.origins[i] for i in inf_src), key=lambda e: (e.seq, e.id))
+            event.ancestors = self.lineage.ancestors(originals)
             if self.first is None and (nan_birth or not (out_nan or in_nan or in_inf or inf_scalar)):
                 self.first = event  # today's "first birth in time": a NaN birth or an Inf from finite inputs
             if deliberate and not (out_nan or in_nan or in_inf):
