@@ -8,6 +8,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
+from debug_nan.drivers.run import functions
 from debug_nan.drivers.run.tape import Tape
 from debug_nan.frames import replayed_at
 
@@ -62,9 +63,11 @@ class Recorder(TorchFunctionMode):
     def install(self) -> None:
         self.installed = True
         self._push()
+        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
 
     def uninstall(self) -> None:
         self.installed = False
+        functions.uninstall(self)
         if getattr(self._here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
         self._here.pushed = False

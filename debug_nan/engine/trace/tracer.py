@@ -8,16 +8,16 @@ A TorchDispatchMode sees every aten operation, in forward, loss, backward and th
     a parameter) or met as an op input (a buffer, a constant made outside the traced ops).
 Every non-finite value carries the origins it descends from (provenance.Lineage, by storage), so the driver asks,
 once harm is reached, for the earliest origin IN THE LINEAGE OF THE HARMED VALUE (`origin_of`); origins whose
-values never reach harm are ignored. Finite values computed from non-finite ones keep their origins too (descent:
-rsqrt(inf) = 0 in a norm), so a later birth from them lists those as `ancestors`. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
-and a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
-hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
-(masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
-stop there.
+values never reach harm are ignored. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
+a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
+hidden by torch.where, then 0/0 in LogBackward), and any birth the origins behind its finite inputs
+(`ancestors`: finite values made from non-finite ones, rsqrt(inf) = 0 in a norm), so the lineage reaches back to
+the root; Infs written on purpose (masks) are left out unless nothing else is there. `first` (the first origin in
+time) is kept for callers that stop there.
 Module context (module_context.py): each autograd node is tagged with the module that ran the op creating it, so
 backward ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward
 traceback, which gives backward ops their source line.
-The finite path costs one aminmax per op output; lineage work happens only for non-finite outputs.
+The finite path costs one aminmax per op output; lineage work begins with the first non-finite value.
 """
 
 from __future__ import annotations
@@ -44,22 +44,15 @@ from debug_nan.engine.trace.events import (
     scalar_is_inf,
     split_foreach,
 )
-from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
+from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, ModuleContext, custom_backward_line
+from debug_nan.engine.trace.module_context import forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import source_from_stack_lines, user_frame
+from debug_nan.frames import user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
 LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
-
-
-def forward_source_of(node) -> str | None:
-    """The user line that created an autograd node, from anomaly mode's stored traceback (or, for a replayed
-    recorded call, the line that made it in the run)."""
-    if node is None:
-        return None
-    return node.metadata.get(SOURCE_TAG) or source_from_stack_lines(node.metadata.get("traceback_"))
 
 
 class StopReplay(Exception):
@@ -89,8 +82,7 @@ class Tracer(TorchDispatchMode):
         self.nonfinite_outputs: list[tuple[str, frozenset]] = []
         self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
-        # the last origin_of(): the later birth its origin was reached through, by finite values (Lineage.consequence)
-        self.consequence: OpEvent | None = None
+        self.consequence: OpEvent | None = None  # the last origin_of()'s, by finite values (Lineage.consequence)
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
         self._anomaly = None
 
@@ -211,8 +203,8 @@ class Tracer(TorchDispatchMode):
         if self.phase_override:
             return self.phase_override, "", None
         node = torch._C._current_autograd_node()
-        if node is not None:
-            return "backward", node.metadata.get(TAG, ""), node
+        if node is not None:  # (an untagged custom Function's node was applied in the loss code, outside every module)
+            return "backward", node.metadata.get(TAG, LOSS_CODE if hasattr(node, "_forward_cls") else ""), node
         if self.stack:
             return "forward", self.context.current(), None
         return "loss", "", None
@@ -351,7 +343,7 @@ class Tracer(TorchDispatchMode):
         forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
-            source, code = forward_source, None
+            source, code = custom_backward_line(node) or (forward_source, None)
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
