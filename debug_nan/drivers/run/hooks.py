@@ -33,9 +33,9 @@ from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
+from debug_nan.drivers.run.wrappers import step_location, wraps
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
-from debug_nan.frames import user_location
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
 
@@ -176,7 +176,7 @@ class Hooks(WatchedOptimizer):
     def scheduler_of(self, optimizer):
         """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
         live = [r() for r in self.schedulers]
-        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
+        return next((s for s in reversed(live) if s is not None and wraps(s.optimizer, optimizer)), None)
 
     @contextmanager
     def paused(self):
@@ -306,7 +306,7 @@ class Hooks(WatchedOptimizer):
         if self.optimizer is not None and self._mine(optimizer):
             update, self.recorder.tape = self.recorder.tape, None
             if update is not None:
-                update.step_location = user_location(2)  # the script's `optimizer.step()` line
+                update.step_location = step_location(optimizer, 2)  # the script's `optimizer.step()` line
             if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
                 update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
             self.listener.step_begin(self.step, update)
