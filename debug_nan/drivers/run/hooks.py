@@ -64,6 +64,7 @@ class Hooks(WatchedOptimizer):
         self.in_backward = False
         self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
         self.scaler = None
+        self.unscaled: torch.Tensor | None = None  # the last GradScaler.scale() input
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
         self.recorder = Recorder()  # the tapes of the script's own code (drivers/run/tape.py)
         self.schedulers: list[weakref.ref] = []  # the LR schedulers the script created
@@ -108,6 +109,7 @@ class Hooks(WatchedOptimizer):
             out = scale(scaler, outputs)
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
                 hooks.scaled, hooks.scaler = weakref.ref(out), scaler
+                hooks.unscaled = outputs.detach()  # (a scaled loss past float32's range by design is no harm)
             return out
 
         def scaler_update(scaler, *args, **kwargs):
@@ -260,7 +262,7 @@ class Hooks(WatchedOptimizer):
         loss = loss_of(tensors)
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:
-            loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
+            loss = self.unscaled  # the loss as computed, before the scale
         self.in_backward = True
         try:
             self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
