@@ -24,15 +24,20 @@ def wraps(holder, optimizer) -> bool:
 
 def step_location(optimizer, depth: int = 1) -> tuple[str, int] | None:
     """(filename, lineno) of the script's call of `optimizer.step()`, from inside the step: the innermost user
-    frame outside the step methods of wrappers of `optimizer` (and the rest of their files: a patched step), where
-    a wrapper's own `self.optimizer.step()` line says nothing of the script's."""
+    frame outside the `step` of an optimizer wrapper of `optimizer` (an object with param_groups whose `.optimizer`
+    is it) and outside the rest of its file (a patched step): the wrapper's own `self.optimizer.step()` line says
+    nothing of the script's. A script's own class that merely holds `self.optimizer` is no wrapper."""
     frame, skipped = sys._getframe(depth), set()
     while frame is not None:
         filename = frame.f_code.co_filename
-        holder = frame.f_locals.get("self") if frame.f_code.co_argcount else None
-        if holder is not None and holder is not optimizer and wraps(holder, optimizer):
+        if filename not in skipped and frame_kind(filename) == "user":
+            if not (frame.f_code.co_name == "step" and _is_wrapper(frame.f_locals.get("self"), optimizer)):
+                return filename, frame.f_lineno
             skipped.add(filename)
-        elif filename not in skipped and frame_kind(filename) == "user":
-            return filename, frame.f_lineno
         frame = frame.f_back
     return user_location(depth + 1)
+
+
+def _is_wrapper(holder, optimizer) -> bool:
+    return (holder is not None and holder is not optimizer and hasattr(holder, "param_groups")
+            and wraps(holder, optimizer))

@@ -1,6 +1,7 @@
 """`debug-nan run` names the first birth, where the harm's value came from: an Inf the forward made finite again
 (a norm's x.pow(2) on a huge residual stream) and the ops of a custom autograd Function's own backward."""
 
+from tests.e2e.run.test_run_bundles import replay_elsewhere
 from tests.support.run.script_runs import tripped
 
 # a pre-norm residual stack with an RMSNorm written by hand; a learning rate far too high blows the weights up in
@@ -137,6 +138,12 @@ def test_a_custom_functions_backward_is_replayed_and_its_op_named_at_its_line(tm
         3, 1, "backward", "aten.div.Tensor", "div_by_zero")
     assert (first["source"], first["backward_node"], first["module"]) == ("custom.py:15", "UnitRowsBackward", "")
     assert first["detected_by"] == "replay" and stdout.count("\n") == 2
+    code, output, report = replay_elsewhere(tmp_path, first["bundle"], "custom.py")  # the class travels by value
+    assert code == 1, output
+    replayed = report["first_nonfinite"]
+    assert (replayed["op"], replayed["phase"], replayed["backward_node"]) == (
+        "aten.div.Tensor", "backward", "UnitRowsBackward")
+    assert replayed["source"].endswith("custom.py:15")
 
 
 def test_a_replay_that_stays_finite_says_so_and_gives_the_exact_trace_at_command(tmp_path, run_here):
