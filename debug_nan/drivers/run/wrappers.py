@@ -24,17 +24,19 @@ def wraps(holder, optimizer) -> bool:
 
 def step_location(optimizer, depth: int = 1) -> tuple[str, int] | None:
     """(filename, lineno) of the script's call of `optimizer.step()`, from inside the step: the innermost user
-    frame outside the `step` of an optimizer wrapper of `optimizer` (an object with param_groups whose `.optimizer`
-    is it) and outside the rest of its file (a patched step): the wrapper's own `self.optimizer.step()` line says
-    nothing of the script's. A script's own class that merely holds `self.optimizer` is no wrapper."""
-    frame, skipped = sys._getframe(depth), set()
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename not in skipped and frame_kind(filename) == "user":
-            if not (frame.f_code.co_name == "step" and _is_wrapper(frame.f_locals.get("self"), optimizer)):
-                return filename, frame.f_lineno
-            skipped.add(filename)
+    frame outside the `step` of every optimizer wrapper of `optimizer` (an object with param_groups whose
+    `.optimizer` is it), whose own `self.optimizer.step()` line says nothing of the script's. A script's own class
+    that merely holds `self.optimizer` is no wrapper."""
+    frames, frame = [], sys._getframe(depth)
+    while frame is not None:  # innermost first (once per optimizer step: a few dozen frames at most)
+        frames.append(frame)
         frame = frame.f_back
+    outer = max((i for i, f in enumerate(frames) if f.f_code.co_name == "step"
+                 and frame_kind(f.f_code.co_filename) == "user" and _is_wrapper(f.f_locals.get("self"), optimizer)),
+                default=-1)
+    for frame in frames[outer + 1:]:
+        if frame_kind(frame.f_code.co_filename) == "user":
+            return frame.f_code.co_filename, frame.f_lineno
     return user_location(depth + 1)
 
 
