@@ -170,6 +170,7 @@ class Pinpointer:
         finally:
             inputs.snapshot.put_back_buffers(live)
             restore_rng(rng, d.device)
+        self.facts.consequence = None  # (a buffer's writer is its own origin: nothing of an earlier replay's)
         for c in new:
             event = origins.get(c.name)
             if event is None or c.name in before:
@@ -288,6 +289,7 @@ class Pinpointer:
                     raise
                 exc = e
             origin = tracer.origin_of(harmed) or (tracer.first if exc is not None else None)
+            self.facts.consequence = tracer.consequence if origin is not None else None
         error = error or exc
         d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
         where = f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
