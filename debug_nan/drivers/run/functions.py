@@ -32,8 +32,11 @@ def _apply(cls, *args, **kwargs):
 
 
 def install(recorder) -> None:
-    """Record custom Functions' calls into `recorder`'s open tape (Recorder.install)."""
-    _recorders.append(recorder)
+    """Record custom Functions' calls into `recorder`'s open tape: called whenever the recorder goes on torch's
+    stack. Off again with it (`uninstall`), inside the model's forward and the optimizer step: torch.compile
+    traces a Function's original `apply` there, never this one."""
+    if recorder not in _recorders:
+        _recorders.append(recorder)
     torch.autograd.Function.apply = classmethod(_apply)
 
 

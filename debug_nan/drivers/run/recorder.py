@@ -63,18 +63,18 @@ class Recorder(TorchFunctionMode):
     def install(self) -> None:
         self.installed = True
         self._push()
-        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
 
     def uninstall(self) -> None:
         self.installed = False
-        functions.uninstall(self)
         if getattr(self._here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
         self._here.pushed = False
+        functions.uninstall(self)
 
     def _push(self) -> None:
         torch._C._push_on_torch_function_stack(self)
         self._here.pushed = True
+        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
 
     def _on_top(self) -> bool:
         n = torch._C._len_torch_function_stack()
@@ -87,6 +87,7 @@ class Recorder(TorchFunctionMode):
         if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
             here.pushed = False
+            functions.uninstall(self)
 
     def resume(self) -> None:
         here = self._here

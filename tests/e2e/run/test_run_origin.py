@@ -2,7 +2,7 @@
 (a norm's x.pow(2) on a huge residual stream) and the ops of a custom autograd Function's own backward."""
 
 from tests.e2e.run.test_run_bundles import replay_elsewhere
-from tests.support.run.script_runs import tripped
+from tests.support.run.script_runs import same_as_alone, tripped, write
 
 # a pre-norm residual stack with an RMSNorm written by hand; a learning rate far too high blows the weights up in
 # one update, so the second step's residual stream is ~7e19 and the next norm's x.pow(2) overflows float32
@@ -161,3 +161,46 @@ def test_a_replay_that_stays_finite_says_so_and_gives_the_exact_trace_at_command
     again = done.first
     assert (again["step"], again["phase"], again["op"], again["cause"], again["source"], again["module"]) == (
         3, "forward", "aten._to_copy.default", "overflow", "packed.py:6", "0")
+
+
+# a compiled model whose forward applies a custom Function, and the same Function in the loss code
+COMPILED = """import torch
+from torch import nn
+
+
+class Clip(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(-1.0, 1.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad  # a straight-through estimator
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return Clip.apply(self.proj(x))
+
+
+torch.manual_seed(0)
+model = torch.compile(Net(), backend="aot_eager")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 4):
+    loss = Clip.apply(model(torch.randn(8, 4))).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")
+"""
+
+
+def test_a_compiled_forward_traces_the_functions_own_apply(tmp_path, run_here):
+    """The recording of custom Functions is off inside the model's forward, where torch.compile traces `apply`:
+    the run is clean and prints what the plain run prints."""
+    done, stdout, _ = same_as_alone(run_here, write(tmp_path, COMPILED, "compiled.py"))
+    assert done.report["status"] == "clean" and done.report["steps_run"] == 3 and stdout.count("\n") == 3
