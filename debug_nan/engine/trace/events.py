@@ -95,6 +95,17 @@ def named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], d
     return tensors, scalars
 
 
+def tensor_args(args, kwargs) -> list[torch.Tensor]:
+    """An op's tensor arguments, lists one level deep (its schema's Tensor[]): cheaper than a pytree flatten."""
+    out = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out += [v for v in value if isinstance(v, torch.Tensor)]
+    return out
+
+
 def split_foreach(func, args, kwargs) -> list[tuple[tuple, dict]] | None:
     """A multi-tensor op's call (`_foreach_*`, `_fused_*` such as fused AdamW) as one call per list element:
     every list argument (Tensor[], Scalar[]) and a 1-D `scalars` tensor of the same length are sliced, empty

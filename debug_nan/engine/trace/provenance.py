@@ -14,7 +14,8 @@ Descent: a finite value computed from non-finite or descended ones (1/sqrt(inf) 
 overflowed) keeps the origins it came from, in a third map, so that a later birth from such finite values (the
 backward of that norm overflowing on the huge stream) lists them as its `ancestors`: the earliest birth in the
 harmed value's lineage is then the forward overflow, not its consequence. Integer and bool results (a mask made
-by isfinite) carry no descent: no value of the origin flows through them.
+by isfinite) carry no descent: no value of the origin flows through them; nor do Infs written on purpose (masks).
+Nothing of this runs before the replay's first origin that is not a mask.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Lineage:
         self._sets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> [(event, field, index)]
         self._descent: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # finite storage -> origin ids
+        self.real = 0  # origins not written on purpose: descent is tracked from the first one on
         self._parents: dict[int, tuple[OpEvent, str]] = {}  # the last earliest(): event id -> (who led there, how)
 
     def __len__(self) -> int:
@@ -77,6 +79,7 @@ class Lineage:
         writes (False for tensors that are private clones already)."""
         event.id = len(self.origins)
         self.origins.append(event)
+        self.real += not event.deliberate
         if event.id >= self.keep:
             self.dropped += 1
             event.inputs, event.outputs, event.saved, event.args, event.kwargs = [], [], {}, (), {}
@@ -117,13 +120,15 @@ class Lineage:
         self._sets[key] = (frozenset(nan_ids), frozenset(inf_ids))
 
     def ancestry(self, tensors) -> frozenset:
-        """Every origin the given tensors descend from, non-finite (their NaN and Inf sets) or finite again."""
+        """Every origin not written on purpose that the given tensors descend from, non-finite (their NaN and Inf
+        sets) or finite again. (A mask's -inf is everywhere downstream of it and never the answer over a real
+        birth: its descent is not tracked.)"""
         ids: set = set()
         for t in tensors:
             key = storage_key(t)
             entry, finite = self._sets.get(key), self._descent.get(key)
             if entry is not None:
-                ids |= entry[0] | entry[1]
+                ids |= {i for i in entry[0] | entry[1] if not self.origins[i].deliberate}
             if finite is not None:
                 ids |= finite
         return frozenset(ids)

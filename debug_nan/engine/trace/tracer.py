@@ -43,6 +43,7 @@ from debug_nan.engine.trace.events import (
     saved_tensors,
     scalar_is_inf,
     split_foreach,
+    tensor_args,
 )
 from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, ModuleContext, custom_backward_line
 from debug_nan.engine.trace.module_context import forward_source_of
@@ -249,9 +250,8 @@ class Tracer(TorchDispatchMode):
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
-        if self.lineage.origins and len(bad) < len(outs):  # finite results of non-finite or descended values
-            inputs = ([t for _, t, _ in before] if before is not None else
-                      [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+        if self.lineage.real and len(bad) < len(outs):  # finite results of non-finite or descended values
+            inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
             self.lineage.descend(inputs, outs, bad, written)
         return out
 

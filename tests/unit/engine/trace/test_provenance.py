@@ -289,15 +289,19 @@ def test_a_forward_inf_made_finite_again_is_the_origin_of_the_backward_birth_it_
 
 
 def test_a_finite_value_of_a_mask_does_not_make_the_mask_the_origin(model):
-    """Descent through finite values still leaves deliberate Infs out: a padded softmax (finite) then a real
-    overflow downstream names the overflow."""
+    """Descent through finite values leaves deliberate Infs out: a padded softmax (finite) then a real overflow
+    downstream names the overflow, and the mask is no ancestor of it; a real birth upstream is."""
     scores = torch.randn(2, 3)
     with Tracer(model) as tr:
         probs = torch.softmax(scores.masked_fill(torch.tensor([False, False, True]), float("-inf")), dim=-1)
         big = (probs + 1.0) * 3e38  # a real overflow from finite values that descend from the mask
+        healed = torch.exp(torch.tensor([100.0])).reciprocal()  # exp overflows (a real birth), 1/inf = 0
+        bigger = (probs + healed + 1.0) * 3e38
     origin = tr.origin_of(big)
     assert origin.op == "aten.mul.Tensor" and not origin.deliberate and tr.consequence is None
-    assert [e.op for e in origin.ancestors] == ["aten.masked_fill.Scalar"]
+    assert origin.ancestors == []
+    later = tr.origin_of(bigger)
+    assert later.op == "aten.exp.default" and tr.consequence.op == "aten.mul.Tensor"
 
 
 def test_an_inf_that_only_feeds_a_boolean_mask_is_not_an_ancestor(model):
