@@ -126,6 +126,21 @@ def user_frame(depth: int = 1) -> tuple[str | None, str | None]:
     return f"{short_path(filename)}:{lineno}", code
 
 
+def user_frame_inside(code) -> tuple[str, str | None] | None:
+    """("file.py:57", code line) of the innermost user frame at or inside the running frame of `code` (a custom
+    autograd Function's backward, which autograd runs with no frame of the line that built the node), else None."""
+    frame, inner = sys._getframe(1), None
+    while frame is not None:
+        if inner is None and frame_kind(frame.f_code.co_filename) == "user":
+            inner = frame
+        if frame.f_code is code:
+            inner = inner or frame
+            return (f"{short_path(inner.f_code.co_filename)}:{inner.f_lineno}",
+                    linecache.getline(inner.f_code.co_filename, inner.f_lineno).strip() or None)
+        frame = frame.f_back
+    return None
+
+
 def source_from_stack_lines(lines: list[str]) -> str | None:
     """"file.py:57" from a formatted stack (traceback.format_stack, outermost first, as anomaly mode stores it
     for each autograd node): the innermost user frame, or None."""

@@ -50,6 +50,7 @@ class RunOptions:
     bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
     start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
     trace_at: tuple[int, int] | None = None  # --trace-at STEP:MICRO: that micro-batch traced as it runs
+    command: list[str] | None = None  # the command as typed (set by run_command)
 
 
 class RunListener:
@@ -72,7 +73,7 @@ class RunListener:
             raise RunStopped("error") from None
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
-                                trace_at=self.options.trace_at)
+                                trace_at=self.options.trace_at, command=self.options.command)
         count = sum(p.numel() for p in model.parameters())
         if isinstance(optimizer, Optimizers):
             optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
@@ -207,6 +208,7 @@ def run_command(words: list[str], options: RunOptions) -> int:
 def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> tuple[int, bool]:
     """-> (the exit code, whether every rank ends at the same point: an agreed trip or stop, or a clean end)."""
     command = commands.resolve(words)
+    options.command = list(words)
     main_rank = ranks is None or ranks.is_main
     outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone

@@ -1,4 +1,5 @@
-"""What a callback leaves behind: the CLI's summary block on stdout, the JSON report and the repro bundles.
+"""What a callback leaves behind: the CLI's summary block on stderr (the script's stdout stays its own, byte for
+byte, as under `debug-nan run`), the JSON report and the repro bundles.
 
 The options are checked when the callback is built (a report path that cannot be written fails before any
 training time is spent); the log opens when training starts (a callback may be pickled into worker processes).
@@ -21,7 +22,7 @@ ON_TRIP = ("stop", "raise")
 
 
 class RankLog(Log):
-    """Another rank's lines on the shared stdout, marked with the rank."""
+    """Another rank's lines on the shared stderr, marked with the rank."""
 
     def __init__(self, rank: int, stream=None):
         super().__init__(None, stream=stream)
@@ -49,9 +50,9 @@ class Outputs:
         self.write_failure: str | None = None  # why the report could not be written (a full disk), for the caller
 
     def open(self, rank: int = 0) -> Log:
-        """The log for this rank: rank 0 writes stdout (and the copy), the others mark their lines."""
+        """The log for this rank: rank 0 writes stderr (and the copy), the others mark their lines."""
         if self.log is None:
-            self.log = Log(self.log_path, stream=sys.stdout) if rank == 0 else RankLog(rank, stream=sys.stdout)
+            self.log = Log(self.log_path, stream=sys.stderr) if rank == 0 else RankLog(rank, stream=sys.stderr)
         self.started = time.perf_counter()
         return self.log
 

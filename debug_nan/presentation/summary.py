@@ -73,6 +73,11 @@ def exit_code(result) -> int:
     return 130 if result.interrupted else EXIT_CODES[result.status]
 
 
+def seconds(elapsed: float) -> str:
+    """"12.3 s", or two significant digits under a second ("0.043 s": a short run does not read as "0.0 s")."""
+    return f"{elapsed:.1f} s" if elapsed >= 0.95 else f"{elapsed:.2g} s"
+
+
 def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", exits: bool = True) -> None:
     """The SUMMARY block. `exits`: this process ends with the result's exit code (the CLI); a framework callback
     passes False, since the process's code is then the framework's, and no code is printed."""
@@ -83,7 +88,7 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", e
     if result.interrupted:
         log(f"  interrupted after {result.steps_run} step(s) ({interrupted_by}{code}); what ran until then:")
     if result.status == "clean":
-        log(f"  status       CLEAN: {result.steps_run} step(s), {elapsed:.1f} s; the loss, every gradient and every "
+        log(f"  status       CLEAN: {result.steps_run} step(s), {seconds(elapsed)}; the loss, every gradient and every "
             f"parameter finite", "green")
     elif result.status == "error":
         log(f"  status       ERROR after {result.steps_run} step(s){paren}", "red")

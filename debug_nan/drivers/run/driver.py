@@ -30,6 +30,7 @@ from debug_nan.drivers.run.bundle import PROTOCOL, pickle_module, script_modules
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.replayer import TapeReplayer
 from debug_nan.drivers.run.tape import Tape
+from debug_nan.engine.explain.fallback import suggest_trace_at
 from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import schedule_state
@@ -89,12 +90,14 @@ class RunDriver(TapeReplayer, FrameworkDriver):
     dialect = "script"  # advice in the words of the user's own loop
 
     def __init__(self, model, optimizer, settings, log, hooks: Hooks, dist_ctx=None, bundle_dir: str | None = None,
-                 shown_from: str | None = None, trace_at: tuple[int, int] | None = None):
+                 shown_from: str | None = None, trace_at: tuple[int, int] | None = None,
+                 command: list[str] | None = None):
         super().__init__(model, optimizer, settings, log, dist_ctx=dist_ctx, scheduler=hooks.scheduler_of(optimizer),
                          bundle_dir=bundle_dir)
         self.hooks = hooks
         self.shown_from = shown_from  # the folder debug-nan started in (the script may chdir): paths shown from it
         self.trace_at = trace_at  # --trace-at: (step, micro-batch) traced as it runs (engine/replay/live.py)
+        self.command = command  # the user's command as typed (the --trace-at suggestion repeats it)
         self.live: LiveTrace | None = None
         self.step_open = False
         self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
@@ -114,12 +117,8 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         finding = super()._settle(decide, last)
         if self.stopped and self.answer_seconds is None:
             self.answer_seconds = time.perf_counter() - started
-        if finding is not None and finding.detected_by == "watch" and self.trace_at is None \
-                and "could not be replayed in place" in finding.explanation:
-            finding.suggestions.insert(0, f"Run the command again with `debug-nan run --trace-at "
-                                          f"{finding.step}:{finding.micro_step} -- ...`: it traces that micro-batch "
-                                          f"as it runs and names the op (the command runs again up to there, its "
-                                          f"files written again; the NaN must come back: seed the run).")
+        if self.trace_at is None:
+            suggest_trace_at(finding, self.command)  # (a replay that fell short: the exact command that traces it)
         return finding
 
     def write_bundle(self, state: dict) -> str:

@@ -33,9 +33,10 @@ from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
+from debug_nan.drivers.run.wrappers import step_location
 from debug_nan.engine.watch.module_hooks import ModuleHook
 from debug_nan.errors import InputError
-from debug_nan.frames import calls_through, user_location
+from debug_nan.frames import calls_through
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
 
@@ -68,6 +69,7 @@ class Hooks(WatchedOptimizer):
         self.in_backward = False
         self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
         self.scaler = None
+        self.unscaled: torch.Tensor | None = None  # the last GradScaler.scale() input
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
         self.recorder = Recorder()  # the tapes of the script's own code (drivers/run/tape.py)
         self.schedulers: list[weakref.ref] = []  # the LR schedulers the script created
@@ -116,6 +118,7 @@ class Hooks(WatchedOptimizer):
                 out = scale(scaler, outputs)
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
                 hooks.scaled, hooks.scaler = weakref.ref(out), scaler
+                hooks.unscaled = outputs.detach()  # (a scaled loss past float32's range by design is no harm)
             return out
 
         def scaler_update(scaler, *args, **kwargs):
@@ -256,7 +259,7 @@ class Hooks(WatchedOptimizer):
         loss = loss_of(tensors)
         scaled = self.scaled() if self.scaled is not None else None
         if scaled is not None and scaled is loss:
-            loss = loss / self.scaler._scale  # the loss as computed (on the device: no sync)
+            loss = self.unscaled  # the loss as computed, before the scale
         self.in_backward = True
         try:
             self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
@@ -303,7 +306,7 @@ class Hooks(WatchedOptimizer):
         if self.optimizer is not None and self._mine(optimizer):
             update, self.recorder.tape = self.recorder.tape, None
             if update is not None:
-                update.step_location = user_location(2)  # the script's `optimizer.step()` line
+                update.step_location = step_location(optimizer, 2)  # the script's `optimizer.step()` line
             if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
                 update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
             if not self.joins_step(optimizer, update):

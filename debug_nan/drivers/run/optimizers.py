@@ -21,6 +21,7 @@ from torch import nn
 from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
 from debug_nan.drivers.run.model_calls import bare, leaves_reached, optimizer_params, owners
 from debug_nan.drivers.run.stops import RunStopped
+from debug_nan.drivers.run.wrappers import wraps
 from debug_nan.engine.watch.module_hooks import keep_out_of_copies
 from debug_nan.errors import InputError
 
@@ -61,7 +62,7 @@ class WatchedOptimizer:
     def scheduler_of(self, optimizer):
         """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
         live = [r() for r in self.schedulers]
-        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
+        return next((s for s in reversed(live) if s is not None and wraps(s.optimizer, optimizer)), None)
 
     # -- the watched model -------------------------------------------------------------------------------------
     @property

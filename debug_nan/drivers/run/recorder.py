@@ -8,6 +8,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
+from debug_nan.drivers.run import functions
 from debug_nan.drivers.run.tape import Tape
 from debug_nan.frames import passed_through, replayed_at
 
@@ -76,10 +77,12 @@ class Recorder(TorchFunctionMode):
         if getattr(self._here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
         self._here.pushed = False
+        functions.uninstall(self)
 
     def _push(self) -> None:
         torch._C._push_on_torch_function_stack(self)
         self._here.pushed = True
+        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
 
     def _on_top(self) -> bool:
         n = torch._C._len_torch_function_stack()
@@ -92,6 +95,7 @@ class Recorder(TorchFunctionMode):
         if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
             torch._C._pop_torch_function_stack()
             here.pushed = False
+            functions.uninstall(self)
 
     def resume(self) -> None:
         here = self._here

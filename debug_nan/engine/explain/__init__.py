@@ -4,5 +4,6 @@ explain.py (explain(Trace) -> Finding: the one function every entry point's trip
 replay's hand-off) ; diagnose.py (the
 cause rules in causes/, each a function (OpEvent, batch) -> (Cause, evidence)) ; finding.py (Finding, the
 hand-off to presentation: to_dict() is the JSON report's `findings` entry) ; optimizer_evidence.py (the step's
-param groups as evidence for an optimizer-phase origin).
+param groups as evidence for an optimizer-phase origin) ; fallback.py (a replay that fell short: it says so, and
+`--trace-at` with the user's command comes first).
 """

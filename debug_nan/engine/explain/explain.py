@@ -27,6 +27,7 @@ class ReplayFacts:
     hyper: StepHyperparameters | None = None  # the replayed optimizer step's lr etc.
     loss_value: float | None = None  # the replayed loss (a scalar one), beside the watch's reading of the run's
     grads_nonfinite: set[str] | None = None  # the parameters whose replayed gradient held NaN/Inf
+    consequence: OpEvent | None = None  # the later birth the origin led to through finite values (tracer.consequence)
 
 
 def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
@@ -46,6 +47,16 @@ def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
                 f"the same state it stayed finite, and {len(others)} other parameter(s)' did not (`{others[0]}` "
                 f"first): the run's kernels computed it otherwise, and the op named is the replay's.")
     return None
+
+
+def consequence_words(later: OpEvent) -> str:
+    """The origin's own values never reached the harm: finite values made from them did, through a later birth."""
+    node = f", in {later.backward_node}" if later.backward_node else ""
+    where = (f" of `{later.module}`" if later.module else "") + (f" at {later.source}" if later.source else "")
+    return (f" Its values did not reach the harmed value themselves: what was computed from them turned finite "
+            f"again (e.g. 1/sqrt(inf) = 0 in a norm), and from those values {later.op} "
+            f"({later.phase}{node}){where} made the {later.kind.upper()} that did; that later birth is a "
+            f"consequence of this one, the earliest in the harmed value's lineage.")
 
 
 def _word(value: float) -> str:
@@ -88,6 +99,8 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
                         "replay from the same state the loss itself did: the run's kernels (torch.compile's fused "
                         "kernels, or a non-deterministic one) computed it otherwise, and the op named is the eager "
                         "computation's.")
+    elif facts.consequence is not None:
+        explanation += consequence_words(facts.consequence)
     elif check is not None and check.kind == CheckKind.GRAD and event.phase in ("forward", "loss"):
         related = {event.id} | {e.id for e in event.inf_sources}
         shown = [p or "<model>" for p, ids in facts.nonfinite_outputs if ids & related]

@@ -15,6 +15,9 @@ from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
 from debug_nan.engine.watch.watch import Check
 
 
+STAYED_FINITE = "the op-level replay of the same micro-batch stayed finite"  # (engine/explain/fallback.py)
+
+
 @dataclass
 class Finding:
     step: int  # optimizer step, 1-based
@@ -103,8 +106,8 @@ def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Modul
     stayed finite)."""
     phase = PHASE_OF_KIND.get(check.kind, "forward")
     module = check.name if check.kind == CheckKind.FORWARD else ""
-    why = why or ("the op-level replay of the same micro-batch stayed finite: the value depends on something the "
-                  "replay could not restore (a non-deterministic kernel, state outside the model and optimizer).")
+    why = why or (f"{STAYED_FINITE}: the value depends on something the replay could not restore (a "
+                  f"non-deterministic kernel, state outside the model and optimizer).")
     explanation = f"The watch saw {check.kind} `{check.name or '<loss>'}` = {check.value}, but {why}"
     return Finding(step=step, micro_step=micro, phase=phase, module=module, module_type=module_type(model, module),
                    op=None, kind="nan" if math.isnan(check.value) else "inf", cause=Cause.UNKNOWN,

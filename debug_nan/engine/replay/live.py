@@ -55,10 +55,11 @@ class LiveTrace:
         if self.loss is not None:
             facts.loss_value = float(self.loss.detach()) if self.loss.numel() == 1 else None
             event = self.tracer.origin_of([self.loss])
-            facts.loss_harmed = event is not None
+            facts.loss_harmed, facts.consequence = event is not None, self.tracer.consequence
             if event is not None:
                 return event
         facts.grads_nonfinite = nonfinite_names(self.grads)
         facts.nonfinite_outputs = list(self.tracer.nonfinite_outputs)
         event = self.tracer.origin_of([g for _, g in self.grads])
+        facts.consequence = self.tracer.consequence
         return event if event is not None or error is None else self.tracer.first

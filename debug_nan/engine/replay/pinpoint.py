@@ -118,6 +118,7 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
+                self.facts.consequence = tracer.consequence
                 self.facts.nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it
@@ -169,6 +170,7 @@ class Pinpointer:
         finally:
             inputs.snapshot.put_back_buffers(live)
             restore_rng(rng, d.device)
+        self.facts.consequence = None  # (a buffer's writer is its own origin: nothing of an earlier replay's)
         for c in new:
             event = origins.get(c.name)
             if event is None or c.name in before:
@@ -289,6 +291,7 @@ class Pinpointer:
                     raise
                 exc = e
             origin = tracer.origin_of(harmed) or (tracer.first if exc is not None else None)
+            self.facts.consequence = tracer.consequence if origin is not None else None
         error = error or exc
         d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
         where = where or f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "

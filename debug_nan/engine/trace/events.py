@@ -42,6 +42,8 @@ class OpEvent:
     label: str | None = None  # a marked or pre-existing tensor: "batch `x`", "parameter `w`", "buffer `mask`"
     module_class: str = ""  # "debug_nan.aam.model.attention.SelfAttention": decides the wording (built-in model or not)
     inf_sources: list["OpEvent"] = field(default_factory=list)  # a NaN birth: the Inf origins its inputs carried
+    # the origins behind its finite inputs: values made finite again after a non-finite step (1/sqrt(inf) = 0)
+    ancestors: list["OpEvent"] = field(default_factory=list)
     # backward: the origin its node's forward op was (the forward log(0) = -inf behind LogBackward's 0/0, when a
     # torch.where hid that -inf from the loss): the same singular point, met first in the forward
     forward_origin: "OpEvent | None" = None
@@ -91,6 +93,17 @@ def named_tensors(func, args, kwargs) -> tuple[list[tuple[str, torch.Tensor]], d
         else:
             scalars[name] = value
     return tensors, scalars
+
+
+def tensor_args(args, kwargs) -> list[torch.Tensor]:
+    """An op's tensor arguments, lists one level deep (its schema's Tensor[]): cheaper than a pytree flatten."""
+    out = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out += [v for v in value if isinstance(v, torch.Tensor)]
+    return out
 
 
 def split_foreach(func, args, kwargs) -> list[tuple[tuple, dict]] | None:

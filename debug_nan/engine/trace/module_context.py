@@ -5,7 +5,8 @@ module on top of the stack when the op that created it ran: autograd attaches th
 returns, so the op's outputs wait in `pending` and are tagged at the next op or hook. That puts a backward op in
 the innermost module whose forward made it, including ops in a parent's own body upstream of a child call. A
 module's post-hook also tags untagged nodes reachable from its outputs (a custom autograd.Function's own node,
-which no traced op creates).
+which no traced op creates). The source line of a backward op is its node's forward line, except in a custom
+Function's own backward, whose line is the op's.
 `global_hooks`: the hooks are registered globally (torch.nn.modules.module.register_module_forward_*_hook) and
 filtered to the model's modules, so no module carries a hook of its own: torch's inference fast paths
 (nn.TransformerEncoderLayer, nn.MultiheadAttention) refuse to run when a module has forward hooks, and an eval
@@ -18,12 +19,28 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from debug_nan.frames import replayed_source
+from debug_nan.frames import replayed_source, source_from_stack_lines, user_frame_inside
 
 TAG = "debug_nan_module"
 ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
 SOURCE_TAG = "debug_nan_source"  # the user line of a replayed recorded call (frames.replayed_at) that made it
 LOSS_CODE = "<loss code>"  # the TAG of a node made outside every module of the model (its path is "", the root's)
+
+
+def forward_source_of(node) -> str | None:
+    """The user line that created an autograd node, from anomaly mode's stored traceback (or, for a replayed
+    recorded call, the line that made it in the run)."""
+    if node is None:
+        return None
+    return node.metadata.get(SOURCE_TAG) or source_from_stack_lines(node.metadata.get("traceback_"))
+
+
+def custom_backward_line(node) -> tuple[str, str | None] | None:
+    """For an op that a custom autograd.Function's own backward runs: its line there (the node's forward line is
+    where the Function was applied, which says nothing of the op)."""
+    backward = getattr(getattr(node, "_forward_cls", None), "backward", None)
+    code = getattr(backward, "__code__", None)
+    return user_frame_inside(code) if code is not None else None
 
 
 class ModuleContext:

@@ -9,11 +9,19 @@ drops its entry, and a new allocation at the same address is a new key.
 
 Granularity is the storage: a non-finite view of a storage whose other regions hold values of other origins
 inherits those origins too (a superset, never a miss).
+
+Descent: a finite value computed from non-finite or descended ones (1/sqrt(inf) = 0 in a norm whose x.pow(2)
+overflowed) keeps the origins it came from, in a third map, so that a later birth from such finite values (the
+backward of that norm overflowing on the huge stream) lists them as its `ancestors`: the earliest birth in the
+harmed value's lineage is then the forward overflow, not its consequence. Integer and bool results (a mask made
+by isfinite) carry no descent: no value of the origin flows through them; nor do Infs written on purpose (masks).
+Nothing of this runs before the replay's first origin that is not a mask.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import deque
 
 import torch
 from torch.utils._pytree import tree_map
@@ -58,6 +66,9 @@ class Lineage:
         self.dropped = 0
         self._sets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> [(event, field, index)]
+        self._descent: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # finite storage -> origin ids
+        self.real = 0  # origins not written on purpose: descent is tracked from the first one on
+        self._parents: dict[int, tuple[OpEvent, str]] = {}  # the last earliest(): event id -> (who led there, how)
 
     def __len__(self) -> int:
         return len(self._sets)
@@ -68,6 +79,7 @@ class Lineage:
         writes (False for tensors that are private clones already)."""
         event.id = len(self.origins)
         self.origins.append(event)
+        self.real += not event.deliberate
         if event.id >= self.keep:
             self.dropped += 1
             event.inputs, event.outputs, event.saved, event.args, event.kwargs = [], [], {}, (), {}
@@ -107,6 +119,41 @@ class Lineage:
             nan_ids, inf_ids = nan_ids | old[0], inf_ids | old[1]
         self._sets[key] = (frozenset(nan_ids), frozenset(inf_ids))
 
+    def ancestry(self, tensors) -> frozenset:
+        """Every origin not written on purpose that the given tensors descend from, non-finite (their NaN and Inf
+        sets) or finite again. (A mask's -inf is everywhere downstream of it and never the answer over a real
+        birth: its descent is not tracked.)"""
+        ids: set = set()
+        for t in tensors:
+            key = storage_key(t)
+            entry, finite = self._sets.get(key), self._descent.get(key)
+            if entry is not None:
+                ids |= {i for i in entry[0] | entry[1] if not self.origins[i].deliberate}
+            if finite is not None:
+                ids |= finite
+        return frozenset(ids)
+
+    def ancestors(self, tensors) -> list[OpEvent]:
+        """The origins behind the FINITE descendants among the tensors (a birth's inputs), earliest first."""
+        ids: set = set()
+        for t in tensors:
+            ids |= self._descent.get(storage_key(t), NO_IDS)
+        return sorted((self.origins[i] for i in ids), key=lambda e: (e.seq, e.id))
+
+    def descend(self, inputs, outputs, bad, written) -> None:
+        """An op's finite floating outputs (those not in `bad`) carry the origins its inputs descend from; an
+        output written in place keeps its storage's old descent unless it was written whole."""
+        ids = self.ancestry(inputs)
+        if not ids:
+            return
+        skip, dests = {id(t) for t in bad}, {id(t) for t in written}
+        for t in outputs:
+            if id(t) in skip or not (t.is_floating_point() or t.is_complex()):
+                continue
+            key = storage_key(t)
+            old = self._descent.get(key) if id(t) in dests and not covers_storage(t) else None
+            self._descent[key] = ids | old if old is not None else ids
+
     def cleared(self, written: list[torch.Tensor]) -> None:
         """These tensors were just written and are finite: their storage's lineage ends, unless other regions of
         the storage still hold non-finite values."""
@@ -126,17 +173,30 @@ class Lineage:
         one. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (an overflow upstream of an
         `inf - inf` is the root, while the -inf of a mask under a fully masked softmax is not: it is deliberate,
         so the softmax is). An Inf-only harm's lineage: its Inf origins. Both: a backward origin's forward origin
-        (forward_origin) too."""
-        todo = [self.origins[i] for i in (nan_ids if any_nan and nan_ids else inf_ids)]
-        events, seen = [], set()
+        (forward_origin) and the origins behind its finite inputs (ancestors) too."""
+        todo = deque((self.origins[i], None) for i in (nan_ids if any_nan and nan_ids else inf_ids))
+        events, seen, self._parents = [], set(), {}
         while todo:
-            e = todo.pop()
+            e, parent = todo.popleft()  # (breadth first: the shortest way from the harm to each origin)
             if e.id in seen:
                 continue
             seen.add(e.id)
+            if parent is not None:
+                self._parents[e.id] = parent
             events.append(e)
-            todo += e.inf_sources + ([e.forward_origin] if e.forward_origin is not None else [])
+            todo += ([(s, (e, "inf")) for s in e.inf_sources] + [(a, (e, "descent")) for a in e.ancestors]
+                     + ([(e.forward_origin, (e, "forward"))] if e.forward_origin is not None else []))
         if not events:
             return None
         real = [e for e in events if not e.deliberate]
         return min(real or events, key=lambda e: (e.seq, e.id))
+
+    def consequence(self, origin: OpEvent) -> OpEvent | None:
+        """After earliest(): where `origin` was reached only through finite values, the birth in the harm's own
+        lineage that they led to (the backward overflow a forward Inf turned into once 1/sqrt(inf) = 0), else
+        None."""
+        event, through = origin, False
+        while event.id in self._parents:
+            event, how = self._parents[event.id]
+            through = through or how == "descent"
+        return event if through else None

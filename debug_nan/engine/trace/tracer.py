@@ -9,14 +9,15 @@ A TorchDispatchMode sees every aten operation, in forward, loss, backward and th
 Every non-finite value carries the origins it descends from (provenance.Lineage, by storage), so the driver asks,
 once harm is reached, for the earliest origin IN THE LINEAGE OF THE HARMED VALUE (`origin_of`); origins whose
 values never reach harm are ignored. A NaN origin remembers the Inf origins its inputs carried (`inf_sources`),
-and a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
-hidden by torch.where, then 0/0 in LogBackward), so the lineage reaches back to the root; Infs written on purpose
-(masks) are left out unless nothing else is there. `first` (the first origin in time) is kept for callers that
-stop there.
+a backward origin the forward origin of its autograd node (`forward_origin`: log(0) = -inf in the forward,
+hidden by torch.where, then 0/0 in LogBackward), and any birth the origins behind its finite inputs
+(`ancestors`: finite values made from non-finite ones, rsqrt(inf) = 0 in a norm), so the lineage reaches back to
+the root; Infs written on purpose (masks) are left out unless nothing else is there. `first` (the first origin in
+time) is kept for callers that stop there.
 Module context (module_context.py): each autograd node is tagged with the module that ran the op creating it, so
 backward ops belong to the innermost module whose forward made them; anomaly mode keeps each node's forward
 traceback, which gives backward ops their source line.
-The finite path costs one aminmax per op output; lineage work happens only for non-finite outputs.
+The finite path costs one aminmax per op output; lineage work begins with the first non-finite value.
 """
 
 from __future__ import annotations
@@ -42,23 +43,17 @@ from debug_nan.engine.trace.events import (
     saved_tensors,
     scalar_is_inf,
     split_foreach,
+    tensor_args,
 )
-from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, SOURCE_TAG, TAG, ModuleContext
+from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, ModuleContext, custom_backward_line
+from debug_nan.engine.trace.module_context import forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import source_from_stack_lines, user_frame
+from debug_nan.frames import user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
 LITERAL_OPS = ("lift_fresh", "lift_fresh_copy")
-
-
-def forward_source_of(node) -> str | None:
-    """The user line that created an autograd node, from anomaly mode's stored traceback (or, for a replayed
-    recorded call, the line that made it in the run)."""
-    if node is None:
-        return None
-    return node.metadata.get(SOURCE_TAG) or source_from_stack_lines(node.metadata.get("traceback_"))
 
 
 class StopReplay(Exception):
@@ -88,6 +83,7 @@ class Tracer(TorchDispatchMode):
         self.nonfinite_outputs: list[tuple[str, frozenset]] = []
         self.lineage = Lineage(keep)
         self._last_inf: OpEvent | None = None
+        self.consequence: OpEvent | None = None  # the last origin_of()'s, by finite values (Lineage.consequence)
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"
         self._anomaly = None
 
@@ -150,7 +146,9 @@ class Tracer(TorchDispatchMode):
                 nan_ids |= entry[0]
             if inf:
                 inf_ids |= entry[1]
-        return self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+        origin = self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+        self.consequence = self.lineage.consequence(origin) if origin is not None else None
+        return origin
 
     @staticmethod
     def inf_sources(event: OpEvent) -> list[OpEvent]:
@@ -206,8 +204,8 @@ class Tracer(TorchDispatchMode):
         if self.phase_override:
             return self.phase_override, "", None
         node = torch._C._current_autograd_node()
-        if node is not None:
-            return "backward", node.metadata.get(TAG, ""), node
+        if node is not None:  # (an untagged custom Function's node was applied in the loss code, outside every module)
+            return "backward", node.metadata.get(TAG, LOSS_CODE if hasattr(node, "_forward_cls") else ""), node
         if self.stack:
             return "forward", self.context.current(), None
         return "loss", "", None
@@ -252,6 +250,9 @@ class Tracer(TorchDispatchMode):
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
+        if self.lineage.real and len(bad) < len(outs):  # finite results of non-finite or descended values
+            inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
+            self.lineage.descend(inputs, outs, bad, written)
         return out
 
     def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
@@ -283,6 +284,7 @@ class Tracer(TorchDispatchMode):
                                  tree_map(swap, args), tree_map(swap, kwargs), deliberate)
             if nan_birth:
                 event.inf_sources = sorted((self.origins[i] for i in inf_src), key=lambda e: (e.seq, e.id))
+            event.ancestors = self.lineage.ancestors(originals)
             if self.first is None and (nan_birth or not (out_nan or in_nan or in_inf or inf_scalar)):
                 self.first = event  # today's "first birth in time": a NaN birth or an Inf from finite inputs
             if deliberate and not (out_nan or in_nan or in_inf):
@@ -341,7 +343,7 @@ class Tracer(TorchDispatchMode):
         forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
-            source, code = forward_source, None
+            source, code = custom_backward_line(node) or (forward_source, None)
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]

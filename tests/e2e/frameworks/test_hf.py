@@ -63,7 +63,9 @@ def test_healthy_run_is_clean_and_bit_identical(tmp_path, accumulate):
 def test_planted_bug_same_finding_as_the_cli(tmp_path, run_cli, accumulate, where, capsys):
     trainer, callback = train(tmp_path, tasks.mlm_samples(unlabelled=(7,)),
                               lambda t: DebugNaNCallback(t, report=str(tmp_path / "r.json")), accumulate=accumulate)
-    out = capsys.readouterr().out
+    streams = capsys.readouterr()
+    out = streams.err  # debug-nan's lines: the script's stdout stays its own
+    assert "[debug-nan]" not in streams.out and "SUMMARY" not in streams.out
     f = callback.finding
     assert (f.step, f.micro_step) == where
     assert (f.phase, f.module, f.op, f.cause) == ("loss", "", "aten.div.Tensor", "div_by_zero")
@@ -87,7 +89,7 @@ def test_planted_bug_same_finding_as_the_cli(tmp_path, run_cli, accumulate, wher
 def test_header_says_the_precision_accelerate_resolved(tmp_path, capsys):
     """fp16=True on a CPU: accelerate runs fp32 with no autocast and no scaler, and the header says so."""
     train(tmp_path, tasks.mlm_samples(), lambda t: DebugNaNCallback(t), steps=1, fp16=True)
-    header = next(line for line in capsys.readouterr().out.splitlines() if "[debug-nan] watching" in line)
+    header = next(line for line in capsys.readouterr().err.splitlines() if "[debug-nan] watching" in line)
     assert "fp32: fp16 was asked, but accelerate runs fp32 on cpu (no autocast, no scaler)" in header
 
 

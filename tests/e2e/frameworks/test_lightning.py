@@ -80,7 +80,9 @@ def test_planted_bug_same_finding_as_the_cli(tmp_path, run_cli, accumulate, wher
     module = lit(tasks.Net, tasks.net_loss)
     callback = DebugNaNCallback(report=str(tmp_path / "r.json"))
     trainer = fit(module, tasks.masked_batches(empty_at=(3,)), callback, accumulate=accumulate)
-    out = capsys.readouterr().out
+    streams = capsys.readouterr()
+    out = streams.err  # debug-nan's lines: the script's stdout stays its own
+    assert streams.out == "", streams.out
     f = callback.finding
     assert (f.step, f.micro_step) == where
     assert (f.phase, f.module, f.op, f.cause) == ("forward", "attn", "aten._softmax.default", "all_masked_softmax")
@@ -149,8 +151,9 @@ def test_fp16_scaler_overflow_steps_are_not_findings_and_the_run_is_unchanged(ca
     plain_trainer = fit(plain, tasks.plain_batches(), accumulate=accumulate, **fp16())
     callback = DebugNaNCallback(bundle=False)
     trainer = fit(watched, tasks.plain_batches(), callback, accumulate=accumulate, **fp16())
-    out = capsys.readouterr().out
-    assert callback.status == "clean", out
+    streams = capsys.readouterr()
+    out = streams.err  # debug-nan's lines: the script's stdout stays its own
+    assert streams.out == "" and callback.status == "clean", out
     assert "gradient scaler overflow at step 1 (finite without the scale)" in out
     assert trainer.precision_plugin.scaler.get_scale() == plain_trainer.precision_plugin.scaler.get_scale() < 65536
     assert_identical(params(plain), params(watched))  # the probe re-ran the step without disturbing it

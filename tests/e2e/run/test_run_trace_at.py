@@ -33,7 +33,8 @@ def test_the_log_names_the_fallback_and_the_fallback_names_the_op(tmp_path, run_
     first, _, stderr = tripped(run_here, tmp_path, ANNEALS, "anneals.py")
     assert (first["step"], first["micro_step"], first["cause"], first["detected_by"]) == (3, 1, "unknown", "watch")
     assert "could not be replayed in place: the script changed a (70000,) tensor in place" in first["explanation"]
-    assert first["suggestions"][0].startswith("Run the command again with `debug-nan run --trace-at 3:1 -- ...`")
+    assert first["suggestions"][0].startswith("Run the command again as `debug-nan run --trace-at 3:1 -- python "
+                                              "anneals.py`")
 
     done, stdout, stderr = run_here("python", "anneals.py", options=("--trace-at", "3:1"))
     assert done.code == 1 and stdout.count("\n") == 2, done.output

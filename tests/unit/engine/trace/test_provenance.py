@@ -261,3 +261,53 @@ def test_fp16_overflow_upstream_of_a_nan_is_the_origin():
     assert diagnose(origin)[0] == "overflow"
     [nan_birth] = [e for e in tr.origins if e.kind == "nan"]
     assert nan_birth.module == "out" and tr.inf_sources(nan_birth) == [origin]
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm written by hand: its x.pow(2) overflows float32 once |x| passes 1.8e19, and then
+    rsqrt(inf) = 0 makes the output finite again."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def test_a_forward_inf_made_finite_again_is_the_origin_of_the_backward_birth_it_led_to(model):
+    """A residual stream at 3.7e19 reaches a norm: the forward x.pow(2) is +inf, the norm's output 0 (finite, so the
+    loss is finite), and the backward overflows on the same huge values (a head as large as the stream: the sum of
+    grad * x in MulBackward0). The backward birth's inputs were finite but descend from the pow: the pow, earliest
+    in the lineage, is the origin; the backward birth is its consequence."""
+    stream = torch.full((2, 4), 3.7e19, requires_grad=True)
+    with Tracer(model) as tr:
+        loss = (_rms(stream) * torch.full((4,), 1e19)).sum()
+        assert torch.isfinite(loss)
+        loss.backward()
+    assert not torch.isfinite(stream.grad).all()
+    origin = tr.origin_of(stream.grad)
+    assert (origin.op, origin.phase, origin.kind) == ("aten.pow.Tensor_Scalar", "loss", "inf")
+    later = tr.consequence
+    assert later is not None and later.phase == "backward" and later.seq > origin.seq
+    assert origin in later.ancestors
+    assert diagnose(origin)[0] == "overflow"
+
+
+def test_a_finite_value_of_a_mask_does_not_make_the_mask_the_origin(model):
+    """Descent through finite values leaves deliberate Infs out: a padded softmax (finite) then a real overflow
+    downstream names the overflow, and the mask is no ancestor of it; a real birth upstream is."""
+    scores = torch.randn(2, 3)
+    with Tracer(model) as tr:
+        probs = torch.softmax(scores.masked_fill(torch.tensor([False, False, True]), float("-inf")), dim=-1)
+        big = (probs + 1.0) * 3e38  # a real overflow from finite values that descend from the mask
+        healed = torch.exp(torch.tensor([100.0])).reciprocal()  # exp overflows (a real birth), 1/inf = 0
+        bigger = (probs + healed + 1.0) * 3e38
+    origin = tr.origin_of(big)
+    assert origin.op == "aten.mul.Tensor" and not origin.deliberate and tr.consequence is None
+    assert origin.ancestors == []
+    later = tr.origin_of(bigger)
+    assert later.op == "aten.exp.default" and tr.consequence.op == "aten.mul.Tensor"
+
+
+def test_an_inf_that_only_feeds_a_boolean_mask_is_not_an_ancestor(model):
+    """isfinite() of a value reads it, but no value of the Inf flows on: a later birth is its own origin."""
+    with Tracer(model) as tr:
+        keep = torch.isfinite(torch.tensor([1.0, 0.0]).reciprocal())  # 1/0 = inf, then a bool mask
+        out = torch.where(keep, torch.tensor([3e38, 3e38]) * 2.0, 0.0)
+    origin = tr.origin_of(out)
+    assert origin.op == "aten.mul.Tensor" and origin.ancestors == []
