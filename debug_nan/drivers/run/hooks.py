@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
+from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
@@ -222,14 +223,15 @@ class Hooks(WatchedOptimizer):
             return
         if self.root is None:
             model = bare(module)
-            ids = {id(p) for p in model.parameters()}
+            ids = held_parameter_ids(model)  # (FSDP2: the sharded parameters the optimizer holds)
             live = [r() for r in self.other_optimizers]
             mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
             if not mine and not self.manual:  # its optimizer is gone already: not the training model
                 return
             self.root, self.optimizer = module, mine[-1] if mine else None
             self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
-            self.listener.attach(model, self.optimizer)
+            with sharded_view(model):  # (FSDP2: the watch and the copy read the optimizer's sharded parameters)
+                self.listener.attach(model, self.optimizer)
         elif module is not self.root:
             return
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward

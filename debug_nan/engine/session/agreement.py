@@ -51,6 +51,7 @@ class RankPlan:
 
     top: float  # the earliest phase code (engine/watch/phase_codes.py)
     first: list[int]  # the ranks that saw it
+    together: bool = False  # a sharded model (FSDP): its forward and backward are collectives, every rank replays
 
     @property
     def src(self) -> int:
@@ -69,7 +70,11 @@ class RankPlan:
     def replays(self, rank: int) -> tuple[bool, bool]:
         """(whether this rank replays, whether it traces): each rank that saw the earliest phase replays ITS OWN
         micro-batch, in parallel and with no collectives (where the framework averages the gradients inside the
-        backward, every rank sees the NaN); for an update every rank re-runs and the first traces."""
+        backward, every rank sees the NaN); for an update every rank re-runs and the first traces. A sharded model
+        (`together`) replays on every rank at once, each tracing its own micro-batch: FSDP's all-gathers and
+        reduce-scatters run again in the replay, so no rank can replay alone."""
+        if self.together and not self.update:
+            return True, True
         if self.update:
             return True, rank == self.src
         return rank in self.first, True
@@ -78,6 +83,7 @@ class RankPlan:
 class RankAgreement:
     def __init__(self, ctx: DistContext, device: torch.device, log):
         self.ctx, self.device, self.log = ctx, device, log
+        self.together = False  # a sharded model: every rank replays a trip together (RankPlan.together)
 
     def agree_codes(self, local_code: torch.Tensor) -> torch.Tensor:
         """The watch's per-micro-batch phase code -> every rank's code [world] (one MAX all-reduce)."""
@@ -94,7 +100,7 @@ class RankAgreement:
         if top == ABORT_CODE:  # every rank stops; the first aborting rank says why
             reason = broadcast(RunAborted.describe(o.abort) if self.ctx.rank == first[0] else None, first[0])
             raise RunAborted(f"rank {first[0]}: {reason[0]}", reason[1])
-        return RankPlan(top, first)
+        return RankPlan(top, first, self.together)
 
     def overflow_verdict(self, plan: RankPlan, genuine: bool) -> RankPlan | None:
         """fp16, a gradient trip: every rank's verdict on whether its non-finite gradients are more than the loss
@@ -103,12 +109,13 @@ class RankAgreement:
         verdict = agree(torch.tensor(1.0 if genuine else 0.0, device=self.device), self.ctx).tolist()
         if max(verdict) == 0.0:
             return None
-        return RankPlan(plan.top, [r for r, v in enumerate(verdict) if v > 0])
+        return RankPlan(plan.top, [r for r, v in enumerate(verdict) if v > 0], plan.together)
 
     def announce(self, plan: RankPlan) -> None:
         self.log(f"  [ddp] trip seen by rank(s) {plan.first} first (phase {CODE_PHASE[int(plan.top)]}); "
                  f"{'they replay their own micro-batch' if len(plan.first) > 1 else f'rank {plan.src} pinpoints'}, "
-                 f"the others wait.", "red")
+                 f"{'every rank replays with them (the model is sharded)' if plan.together else 'the others wait'}.",
+                 "red")
 
     @staticmethod
     def failure(exc: BaseException, rank: int) -> TaskFailure | RunAborted:
@@ -124,8 +131,9 @@ class RankAgreement:
         """Every rank's replay outcome -> the one reported, the same on every rank: the first rank whose replay
         named an op (else the first that saw the trip). A failure is raised on every rank."""
         src = plan.src
-        if not plan.update and len(plan.first) > 1:
-            named = isinstance(outcome, Finding) and outcome.detected_by != "watch"
+        if not plan.update and (len(plan.first) > 1 or plan.together):
+            # (a rank that replayed only to take part in the sharded model's collectives is not a candidate)
+            named = isinstance(outcome, Finding) and outcome.detected_by != "watch" and self.ctx.rank in plan.first
             flags = agree(torch.tensor(1.0 if named else 0.0, device=self.device), self.ctx).tolist()
             src = next((r for r, f in enumerate(flags) if f > 0), src)
         outcome = broadcast(outcome if self.ctx.rank == src else None, src)

@@ -33,6 +33,7 @@ from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import unscaled
 from debug_nan.engine.session.repro import repro_state
 from debug_nan.engine.session.unreplayed import interrupted_pinpoint, unreplayed_finding
+from debug_nan.engine.sharded import has_fsdp
 from debug_nan.engine.stats import capture_batch
 from debug_nan.engine.vocabulary import CheckKind, Phase, adapt_advice
 from debug_nan.engine.watch.history import History, StepRecord
@@ -46,6 +47,8 @@ class StepSession:
         self.log = driver.log
         self.scaler = policies.scaler
         self.watch = watch or Watch(self.model, self.optimizer)
+        if policies.agreement is not None:  # FSDP: a trip is replayed on every rank together (agreement.py)
+            policies.agreement.together = has_fsdp(self.model)
         # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite
         self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, policies.scheduler, policies.snapshot_mode)
         self.pinpointer = Pinpointer(driver)

@@ -1,0 +1,119 @@
+"""A sharded pretraining script as a user writes it (no debug-nan inside), for torchrun on CPU (gloo):
+
+    torchrun --nproc_per_node=2 shard_script.py [--shard fsdp2|fsdp2-linear|fsdp1|ddp] [--bug BUG] [--steps N]
+
+The model is a cascade of 3 transformer encoder stages between an input projection and a head. `--shard fsdp2`
+shards each stage and the root with `fully_shard`, `fsdp2-linear` each Linear and the root, `fsdp1` wraps it in
+FullyShardedDataParallel (each stage its own unit), `ddp` in DistributedDataParallel. Each rank trains on its own
+batches (seeded by rank); rank 0 prints the loss averaged over the ranks every step.
+
+--bug lr: a learning rate of 1e30 (the second step's forward overflows); corrupt: rank 1's batch of step 3 holds
+one finite value 3e38 (rank 1's forward overflows); grow: rank 1's targets grow tenfold every 3 steps (the
+gradients explode on rank 1 alone, then everywhere through the averaging). --gather-loss: the loss gathers every
+rank's pooled embeddings with `dist.all_gather` (the local slice put back for its gradient) and compares every
+pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's loss is then NaN.
+"""
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--shard", default="fsdp2", choices=["fsdp2", "fsdp2-linear", "fsdp1", "ddp"])
+parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow"])
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--gather-loss", action="store_true")
+args = parser.parse_args()
+
+WIDTH, TOKENS, BATCH = 16, 6, 4
+
+
+class Stage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(WIDTH, nhead=2, dim_feedforward=32, dropout=0.0,
+                                                  batch_first=True)
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+class Cascade(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, WIDTH)
+        self.cascade_stages = nn.ModuleList(Stage() for _ in range(3))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for stage in self.cascade_stages:
+            h = stage(h)
+        return self.head(h).squeeze(-1)  # [B, T]
+
+
+def gathered(local: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows [world * B, D], this rank's own slice kept in the graph (its gradient flows back)."""
+    g = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(g, local.detach())
+    g[dist.get_rank()] = local
+    return torch.cat(g)
+
+
+def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if not args.gather_loss:
+        return ((out - y) ** 2).mean()
+    emb = gathered(out)  # [world * B, T]
+    pairs = torch.cdist(emb, emb)  # every pair of samples, across the ranks
+    return ((out - y) ** 2).mean() + 1e-3 * pairs.mean()
+
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = Cascade()
+if args.shard == "fsdp2":
+    from torch.distributed.fsdp import fully_shard
+
+    for stage in model.cascade_stages:
+        fully_shard(stage)
+    fully_shard(model)
+elif args.shard == "fsdp2-linear":
+    from torch.distributed.fsdp import fully_shard
+
+    for module in list(model.modules()):
+        if isinstance(module, nn.Linear):
+            fully_shard(module)
+    fully_shard(model)
+elif args.shard == "fsdp1":
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Stage}))
+else:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e30 if args.bug == "lr" else 1e-3)
+
+data = torch.Generator().manual_seed(100 + rank)
+for step in range(1, args.steps + 1):
+    x = torch.randn(BATCH, TOKENS, 8, generator=data)
+    y = torch.randn(BATCH, TOKENS, generator=data)
+    if args.bug == "corrupt" and rank == 1 and step == 3:
+        x[2, 1, 5] = 3e38  # one corrupt value: finite, but the first projection overflows
+    if args.bug == "grow" and rank == 1:
+        y = y * 10.0 ** (step // 3)
+    loss = loss_of(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    if rank == 0:
+        print(f"step {step} loss {mean.item() / world:.6f}", flush=True)
+dist.destroy_process_group()
+sys.exit(0)
