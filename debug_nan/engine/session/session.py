@@ -285,6 +285,10 @@ class StepSession:
         """The finding's repro bundle, written by the rank that pinpointed (the state is read from the snapshot)."""
         if finding is None or self.p.bundle_sink is None or finding.detected_by == "gradient history":
             return
+        if self.p.agreement is not None and self.p.agreement.together:  # (its state dict is a collective too)
+            self.log("  [bundle] no repro bundle: the model is sharded (FSDP), and its replay needs every rank's "
+                     "shards and process group, which a bundle replayed alone does not have.", "yellow")
+            return
         trip = o.trip
         optimizer = trip is not None and trip.optimizer and finding.phase == Phase.OPTIMIZER
         inputs, micro = (trip.inputs, trip.micro) if optimizer else (o.inputs, o.micro)

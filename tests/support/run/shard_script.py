@@ -85,7 +85,7 @@ elif args.shard == "fsdp2-linear":
     from torch.distributed.fsdp import fully_shard
 
     for module in list(model.modules()):
-        if isinstance(module, nn.Linear):
+        if type(module) is nn.Linear:  # (not attention's out_proj: its forward reads the weight, never calls it)
             fully_shard(module)
     fully_shard(model)
 elif args.shard == "fsdp1":

@@ -1,0 +1,61 @@
+"""`torchrun --nproc_per_node=2 -m debug_nan run -- shard_script.py`: a sharded pretraining script (FSDP2's
+`fully_shard`, FSDP1, gloo, CPU) watched on every rank. Healthy: its output byte for byte and exit 0. Broken: the
+ranks replay the trip together (FSDP's all-gathers and reduce-scatters run again in the replay), and the finding
+names the step, phase, module (as the user wrote it: no `_fsdp_wrapped_module.`), op and the rank that made the
+first non-finite value."""
+
+import json
+import sys
+
+import pytest
+
+from tests.e2e.ddp.test_run_ddp import env
+from tests.support import SUPPORT
+
+SCRIPT = str(SUPPORT / "run" / "shard_script.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def torchrun(*args: str, cwd):
+    import subprocess
+
+    return subprocess.run([*TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def watched(tmp_path, *args: str):
+    report = tmp_path / "run.json"
+    done = torchrun("-m", "debug_nan", "run", "--report", str(report), "--", SCRIPT, *args, cwd=tmp_path)
+    return done, json.loads(report.read_text())
+
+
+def test_a_healthy_fsdp2_run_prints_exactly_its_own_output(tmp_path):
+    alone = torchrun(SCRIPT, "--shard", "fsdp2", cwd=tmp_path)
+    done, data = watched(tmp_path, "--shard", "fsdp2")
+    assert alone.returncode == 0 and done.returncode == 0, done.stderr
+    assert done.stdout == alone.stdout and alone.stdout.count("\n") == 4
+    assert (data["status"], data["steps_run"], data["exit_code"], data["first_nonfinite"]) == ("clean", 4, 0, None)
+    assert "without training" not in done.stderr and "debug-nan itself failed" not in done.stderr
+
+
+@pytest.mark.parametrize("shard", ["fsdp2", "fsdp2-linear", "fsdp1"])
+def test_a_huge_learning_rate_is_named_with_the_user_s_module_names(tmp_path, shard):
+    done, data = watched(tmp_path, "--shard", shard, "--bug", "lr")
+    assert done.returncode != 0 and done.stdout == "step 1 loss 1.752029\n", done.stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["micro_step"], first["phase"], first["rank"], first["first_ranks"]) == (
+        2, 1, "forward", 0, [0, 1])
+    assert (first["module"], first["module_type"], first["op"], first["cause"], first["kind"]) == (
+        "cascade_stages.0.encoder.self_attn", "MultiheadAttention", "aten.mm.default", "overflow", "inf")
+    assert "_fsdp_wrapped_module" not in done.stderr and "[bundle] no repro bundle: the model is sharded" in done.stderr
+
+
+def test_one_corrupt_value_in_rank_1s_batch_is_rank_1s(tmp_path):
+    """Rank 1's forward overflows at step 3; rank 0's loss stays finite (its gradients go NaN through FSDP's
+    reduce-scatter): every rank replays, rank 1's replay names the op."""
+    done, data = watched(tmp_path, "--shard", "fsdp2", "--bug", "corrupt")
+    assert done.returncode != 0, done.stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["phase"], first["rank"], first["first_ranks"]) == (3, "forward", 1, [1])
+    assert (first["module"], first["op"], first["cause"]) == (
+        "cascade_stages.0.encoder.self_attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", "overflow")
+    assert "every rank replays with them (the model is sharded)" in done.stderr
