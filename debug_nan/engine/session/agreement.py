@@ -45,6 +45,19 @@ class RunAborted(Exception):
         return describe_exception(exc) if exc is not None else "stopped", 1
 
 
+MADE, RECEIVED, SEEN = 3.0, 2.0, 1.0  # what a rank's replay found: an op that made the value, a value already
+# non-finite when this rank's code used it (received), only the watch's reading
+
+
+def _score(outcome) -> float:
+    """A replay's outcome -> MADE, RECEIVED, SEEN, or 0 (no finding, a failure)."""
+    if not isinstance(outcome, Finding):
+        return 0.0
+    if outcome.detected_by == "watch":
+        return SEEN
+    return MADE if outcome.op else RECEIVED
+
+
 @dataclass(frozen=True)
 class RankPlan:
     """Under DDP, who replays a trip: the earliest phase code on any rank and the ranks that saw it."""
@@ -129,19 +142,46 @@ class RankAgreement:
 
     def report(self, plan: RankPlan, outcome) -> Finding | None:
         """Every rank's replay outcome -> the one reported, the same on every rank: the first rank whose replay
-        named an op (else the first that saw the trip). A failure is raised on every rank."""
-        src = plan.src
+        named the op that made the value (else the first that named something: a value already non-finite when its
+        own code used it, such as one received through the script's `all_gather`; else the first that saw the
+        trip). The ranks whose replay found the value already made say so in the finding. A failure is raised on
+        every rank."""
+        src, scores = plan.src, None
         if not plan.update and (len(plan.first) > 1 or plan.together):
             # (a rank that replayed only to take part in the sharded model's collectives is not a candidate)
-            named = isinstance(outcome, Finding) and outcome.detected_by != "watch" and self.ctx.rank in plan.first
-            flags = agree(torch.tensor(1.0 if named else 0.0, device=self.device), self.ctx).tolist()
-            src = next((r for r, f in enumerate(flags) if f > 0), src)
+            score = _score(outcome) if self.ctx.rank in plan.first else 0.0
+            scores = agree(torch.tensor(score, device=self.device), self.ctx).tolist()
+            best = max(scores)
+            src = next((r for r, f in enumerate(scores) if f == best and f > 0), src)
         outcome = broadcast(outcome if self.ctx.rank == src else None, src)
         if isinstance(outcome, (TaskFailure, RunAborted)):
             raise outcome
         if outcome is not None:
             outcome.rank, outcome.first_ranks = src, plan.first
+            received = [r for r, f in enumerate(scores or []) if f == RECEIVED and r != src]
+            if received and _score(outcome) == MADE:
+                outcome.explanation += (f" Rank(s) {', '.join(map(str, received))} saw it too, already non-finite "
+                                        f"when their own code first used it: they received rank {src}'s value (a "
+                                        f"collective of the script's: all_gather, all_reduce, broadcast).")
         return outcome
+
+    def name_explosion(self, finding: Finding, steps: list[StepRecord]) -> None:
+        """An explosion of the averaged (or, sharded, global) gradient norms is the same on every rank: the rank it
+        came from is the one whose OWN loss grew the most over its smallest earlier loss (a rank's loss is its
+        own data's; its gradients are not, once averaged). Every rank calls this at the same step (one MAX
+        all-reduce of [world] growth factors) -> finding.rank, first_ranks (the ranks within 10x of that growth)
+        and a sentence of evidence."""
+        last = steps[-1].loss if steps else None
+        earlier = [abs(r.loss) for r in steps[:-1] if r.loss is not None and math.isfinite(r.loss)]
+        ratio = abs(last) / max(min(earlier), 1e-30) if earlier and last is not None and math.isfinite(last) else 0.0
+        ratios = agree(torch.tensor(min(ratio, 3e38), device=self.device), self.ctx).tolist()
+        top = max(range(len(ratios)), key=lambda r: ratios[r])
+        finding.rank = top
+        finding.first_ranks = [r for r, v in enumerate(ratios) if v > 0 and v * 10 >= ratios[top]] or [top]
+        others = ", ".join(f"rank {r}: {v:.3g}x" for r, v in enumerate(ratios) if r != top)
+        finding.explanation += (f" It comes from rank {top}: its own loss grew {ratios[top]:.3g}x over its smallest "
+                                f"earlier value by step {finding.step} ({others}); the gradients of every rank are "
+                                f"averaged, so each rank's norms show it.")
 
     def gradient_norms(self, named_params: list[tuple[str, torch.nn.Parameter]], record: StepRecord
                        ) -> list[torch.Tensor]:

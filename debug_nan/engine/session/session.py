@@ -259,6 +259,8 @@ class StepSession:
             return None
         self.log(f"  [watch] TRIP at step {record.step}: gradient norm {record.grad_norm:.4g} (explosion)", "red")
         finding = explosion_finding(record, hit[1], self.history.steps, self.micro, threshold, self.model)
+        if self.p.agreement is not None:  # (every rank is here at the same step: the norms are the same on all)
+            self.p.agreement.name_explosion(finding, self.history.steps)
         return adapt_advice(finding, self.p.dialect)
 
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:

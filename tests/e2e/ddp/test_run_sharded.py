@@ -59,3 +59,30 @@ def test_one_corrupt_value_in_rank_1s_batch_is_rank_1s(tmp_path):
     assert (first["module"], first["op"], first["cause"]) == (
         "cascade_stages.0.encoder.self_attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", "overflow")
     assert "every rank replays with them (the model is sharded)" in done.stderr
+
+
+def test_an_explosion_grown_on_rank_1_alone_names_rank_1(tmp_path):
+    """DDP averages the gradients, so every rank's norms explode at the same step: the rank is the one whose own
+    loss grew (rank 1's targets grow tenfold every 3 steps; rank 0's data stays the same)."""
+    done, data = watched(tmp_path, "--shard", "ddp", "--bug", "grow", "--steps", "20")
+    assert done.returncode != 0, done.stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["cause"], first["detected_by"], first["module"]) == (
+        12, "gradient_explosion", "gradient history", "head")
+    assert (first["rank"], first["first_ranks"]) == (1, [1])
+    assert "It comes from rank 1: its own loss grew" in first["explanation"]
+    assert "rank 1 (first to see it: rank(s) 1)" in done.stderr and done.stdout.count("\n") == 11
+
+
+def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_path):
+    """The loss all_gathers every rank's outputs (the local slice kept in the graph): rank 1's forward overflows
+    at step 3 and every rank's loss is NaN. Rank 0's replay finds the gathered value already non-finite; rank 1's
+    names the op that made it."""
+    done, data = watched(tmp_path, "--shard", "ddp", "--bug", "corrupt", "--gather-loss")
+    assert done.returncode != 0, done.stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["phase"], first["rank"], first["first_ranks"]) == (3, "forward", 1, [0, 1])
+    assert (first["module"], first["op"], first["cause"]) == (
+        "cascade_stages.0.encoder.self_attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", "overflow")
+    assert "Rank(s) 0 saw it too, already non-finite when their own code first used it: they received rank 1's" \
+        in first["explanation"]
