@@ -9,18 +9,18 @@ ones that `clip_grad_norm_` computes. Wrappers add path segments the user never 
 
 from __future__ import annotations
 
-import re
-
 import torch
 
-_WRAPPER_SEGMENTS = re.compile(r"(?:^|(?<=\.)|(?<=`))(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|"
-                               r"_dmp_wrapped_module)(?:\.|(?=`)|$)")
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod",
+                              "_dmp_wrapped_module"})
 
 
 def user_path(name: str) -> str:
-    """A module or parameter path as the user wrote it: `_fsdp_wrapped_module.stages.0._checkpoint_wrapped_module.
-    attn` -> `stages.0.attn` (also inside a longer text, where a path sits between backticks)."""
-    return _WRAPPER_SEGMENTS.sub("", name) if "_" in name else name
+    """A dotted module or parameter path as the user wrote it:
+    `_fsdp_wrapped_module.stages.0._checkpoint_wrapped_module.attn` -> `stages.0.attn`."""
+    if "_" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
 
 
 def has_fsdp(model: torch.nn.Module) -> bool:
