@@ -26,15 +26,17 @@ parser.add_argument("--shard", default="fsdp2", choices=["fsdp2", "fsdp2-linear"
 parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--gather-loss", action="store_true")
+parser.add_argument("--width", type=int, default=16)
+parser.add_argument("--memory", action="store_true", help="each rank prints its peak RSS (MiB) to stderr at the end")
 args = parser.parse_args()
 
-WIDTH, TOKENS, BATCH = 16, 6, 4
+WIDTH, TOKENS, BATCH = args.width, 6, 4
 
 
 class Stage(nn.Module):
     def __init__(self):
         super().__init__()
-        self.encoder = nn.TransformerEncoderLayer(WIDTH, nhead=2, dim_feedforward=32, dropout=0.0,
+        self.encoder = nn.TransformerEncoderLayer(WIDTH, nhead=2, dim_feedforward=2 * WIDTH, dropout=0.0,
                                                   batch_first=True)
 
     def forward(self, x):
@@ -115,5 +117,10 @@ for step in range(1, args.steps + 1):
     dist.all_reduce(mean)
     if rank == 0:
         print(f"step {step} loss {mean.item() / world:.6f}", flush=True)
+if args.memory:
+    import resource
+
+    print(f"rank {rank} peak_rss_mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
+          f"parameters_mib {sum(p.numel() for p in model.parameters()) * 4 / 2**20:.0f}", file=sys.stderr, flush=True)
 dist.destroy_process_group()
 sys.exit(0)
