@@ -1,6 +1,7 @@
 """A sharded pretraining script as a user writes it (no debug-nan inside), for torchrun on CPU (gloo):
 
     torchrun --nproc_per_node=2 shard_script.py [--shard fsdp2|fsdp2-linear|fsdp1|ddp] [--bug BUG] [--steps N]
+                                                [--device cpu|cuda] [--width W] [--memory]
 
 The model is a cascade of 3 transformer encoder stages between an input projection and a head. `--shard fsdp2`
 shards each stage and the root with `fully_shard`, `fsdp2-linear` each Linear and the root, `fsdp1` wraps it in
@@ -15,6 +16,7 @@ pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's lo
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -27,6 +29,7 @@ parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--gather-loss", action="store_true")
 parser.add_argument("--width", type=int, default=16)
+parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank: LOCAL_RANK)")
 parser.add_argument("--memory", action="store_true", help="each rank prints its peak RSS (MiB) to stderr at the end")
 args = parser.parse_args()
 
@@ -73,10 +76,14 @@ def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((out - y) ** 2).mean() + 1e-3 * pairs.mean()
 
 
-dist.init_process_group("gloo")
+cuda = args.device == "cuda"
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+if cuda:
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if cuda else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = Cascade()
+model = Cascade().to(device)
 if args.shard == "fsdp2":
     from torch.distributed.fsdp import fully_shard
 
@@ -94,17 +101,17 @@ elif args.shard == "fsdp1":
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Stage}))
+    model = FullyShardedDataParallel(model, device_id=device, auto_wrap_policy=ModuleWrapPolicy({Stage}))
 else:
     from torch.nn.parallel import DistributedDataParallel
 
-    model = DistributedDataParallel(model)
+    model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e30 if args.bug == "lr" else 1e-3)
 
 data = torch.Generator().manual_seed(100 + rank)
 for step in range(1, args.steps + 1):
-    x = torch.randn(BATCH, TOKENS, 8, generator=data)
-    y = torch.randn(BATCH, TOKENS, generator=data)
+    x = torch.randn(BATCH, TOKENS, 8, generator=data).to(device)
+    y = torch.randn(BATCH, TOKENS, generator=data).to(device)
     if args.bug == "corrupt" and rank == 1 and step == 3:
         x[2, 1, 5] = 3e38  # one corrupt value: finite, but the first projection overflows
     if args.bug == "grow" and rank == 1:
