@@ -32,6 +32,9 @@ class RunAborted(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def __reduce__(self):  # (broadcast to the other ranks: an Exception pickles its args alone)
+        return RunAborted, (str(self), self.exit_code)
+
     @staticmethod
     def describe(exc: BaseException | None) -> tuple[str, int]:
         if isinstance(exc, KeyboardInterrupt):  # process/interrupts.py raises KeyboardInterrupt("SIGTERM")

@@ -40,6 +40,10 @@ from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.watch.watch import Watch
 
 
+SHARDED_UPDATE = ("the model is sharded (FSDP): the op-level tracer does not follow an optimizer step over sharded "
+                  "parameters (DTensors) yet")
+
+
 class StepSession:
     def __init__(self, driver, policies: SessionPolicies, watch: Watch | None = None):
         self.driver, self.p = driver, policies
@@ -47,8 +51,9 @@ class StepSession:
         self.log = driver.log
         self.scaler = policies.scaler
         self.watch = watch or Watch(self.model, self.optimizer)
+        self.sharded = has_fsdp(self.model)
         if policies.agreement is not None:  # FSDP: a trip is replayed on every rank together (agreement.py)
-            policies.agreement.together = has_fsdp(self.model)
+            policies.agreement.together = self.sharded
         # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite
         self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, policies.scheduler, policies.snapshot_mode)
         self.pinpointer = Pinpointer(driver)
@@ -272,7 +277,8 @@ class StepSession:
         kind = trip.check.kind if trip.check is not None else None
         replayable = snap.kept and kind != CheckKind.DATA and (not trip.optimizer or snap.keeps_optimizer)
         try:
-            why = self.copies.at(trip.inputs) if replayable else None  # (for an update: a re-run, maybe)
+            why = self.copies.at(trip.inputs) if replayable and not (trip.optimizer and self.sharded) else \
+                SHARDED_UPDATE if replayable else None  # (for an update: a re-run, maybe)
             if (kind != CheckKind.DATA and not replayable) or why:
                 finding = unreplayed_finding(trip, self.model, self.log, snap.kept, why)
             else:

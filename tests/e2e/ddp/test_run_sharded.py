@@ -86,3 +86,16 @@ def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_
         "cascade_stages.0.encoder.self_attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", "overflow")
     assert "Rank(s) 0 saw it too, already non-finite when their own code first used it: they received rank 1's" \
         in first["explanation"]
+
+
+def test_a_nan_learning_rate_under_fsdp2_is_the_watch_s_finding_with_the_reason(tmp_path):
+    """The optimizer step over DTensors is not traced yet: every rank stops together with the watch's finding, the
+    reason said, and no rank fails (the failure of one rank's replay used to be raised as a TypeError on the others:
+    RunAborted did not survive its broadcast)."""
+    done, data = watched(tmp_path, "--shard", "fsdp2", "--bug", "nan-lr")
+    assert done.returncode != 0 and "debug-nan itself failed" not in done.stderr, done.stderr
+    first = data["first_nonfinite"]
+    assert (data["status"], first["step"], first["phase"], first["rank"], first["first_ranks"]) == (
+        "nonfinite", 2, "optimizer", 0, [0, 1])
+    assert first["detected_by"] == "watch" and "the op-level tracer does not follow an optimizer step over sharded" \
+        in first["explanation"]

@@ -10,7 +10,8 @@ batches (seeded by rank); rank 0 prints the loss averaged over the ranks every s
 
 --bug lr: a learning rate of 1e30 (the second step's forward overflows); corrupt: rank 1's batch of step 3 holds
 one finite value 3e38 (rank 1's forward overflows); grow: rank 1's targets grow tenfold every 3 steps (the
-gradients explode on rank 1 alone, then everywhere through the averaging). --gather-loss: the loss gathers every
+gradients explode on rank 1 alone, then everywhere through the averaging); nan-lr: the learning rate is NaN in step 2's
+update (every parameter NaN). --gather-loss: the loss gathers every
 rank's pooled embeddings with `dist.all_gather` (the local slice put back for its gradient) and compares every
 pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's loss is then NaN.
 """
@@ -25,7 +26,7 @@ from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="fsdp2", choices=["fsdp2", "fsdp2-linear", "fsdp1", "ddp"])
-parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow"])
+parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow", "nan-lr"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--gather-loss", action="store_true")
 parser.add_argument("--width", type=int, default=16)
@@ -118,6 +119,8 @@ for step in range(1, args.steps + 1):
         y = y * 10.0 ** (step // 3)
     loss = loss_of(model(x), y)
     loss.backward()
+    if args.bug == "nan-lr" and step == 2:
+        optimizer.param_groups[0]["lr"] = float("nan")  # a schedule gone wrong, on every rank
     optimizer.step()
     optimizer.zero_grad()
     mean = loss.detach().clone()

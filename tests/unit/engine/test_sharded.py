@@ -70,3 +70,12 @@ def test_an_op_made_here_outranks_a_value_received_and_a_watch_reading():
     assert (_score(finding("aten.mm.default")), _score(finding("")), _score(finding(None, "watch"))) == (
         MADE, RECEIVED, SEEN)
     assert _score(None) == 0.0 and _score(RuntimeError("x")) == 0.0
+
+
+def test_a_rank_s_abort_survives_its_broadcast():
+    import pickle
+
+    from debug_nan.engine.session.agreement import RunAborted
+
+    again = pickle.loads(pickle.dumps(RunAborted("rank 0 failed while pinpointing", 1)))
+    assert (str(again), again.exit_code) == ("rank 0 failed while pinpointing", 1)
