@@ -264,7 +264,7 @@ def fsdp2_run(check, item) -> None:
                                "--shard", "fsdp2", "--device", device])
     steps = [line for line in watched.out.splitlines() if line.startswith("step ")]
     item.expect(plain.rc == 0 and watched.rc == 0 and report_of(healthy).get("status") == "clean"
-                and steps == [line for line in plain.out.splitlines() if line.startswith("step ")] and len(steps) == 4,
+                and steps == [ln for ln in plain.out.splitlines() if ln.startswith("step ")] and len(steps) == 4,
                 f"healthy: plain exit {plain.rc}, watched exit {watched.rc}: {tail_line(watched.out)}")
     broken = check.folder(item, "lr") / "report.json"
     done = check.run(item, [*torchrun, "-m", "debug_nan", "run", "--report", broken, "--", script,

@@ -25,6 +25,7 @@ from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
+from debug_nan.engine.sharded import user_class
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.frames import frame_kind, short_path
 from debug_nan.presentation.log import Log, error_line
@@ -71,13 +72,13 @@ class RunListener:
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
                                 trace_at=self.options.trace_at)
-        count = sum(p.numel() for p in model.parameters())
+        count, name = sum(p.numel() for p in model.parameters()), user_class(type(model)).__name__
         if optimizer is None:
-            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "
+            self.log(f"[debug-nan] watching {name} ({count:,} parameters), whose weights the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
         else:
-            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
+            self.log(f"[debug-nan] watching {name} ({count:,} parameters) and its "
                      f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
         if ctx is not None:
             self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "

@@ -23,6 +23,14 @@ def user_path(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
 
 
+def user_class(cls: type) -> type:
+    """The user's class of a module: FSDP2's `fully_shard` swaps a module's class for a subclass of it and of
+    FSDPModule named `FSDP<Name>`; this is `<Name>`, else `cls`."""
+    if any(base.__name__ == "FSDPModule" for base in cls.__bases__):
+        return next((base for base in cls.__bases__ if base.__name__ != "FSDPModule"), cls)
+    return cls
+
+
 def has_fsdp(model: torch.nn.Module) -> bool:
     """Whether FSDP (FSDP2's `fully_shard` or FSDP1's wrapper) manages some part of `model`: it frees unsharded
     parameters' storage between uses."""
@@ -68,4 +76,5 @@ def global_norms(norms: torch.Tensor, sharded: torch.Tensor) -> torch.Tensor:
     return torch.where(sharded, squared.sqrt(), norms.double())
 
 
-__all__ = ["any_sharded", "global_norms", "has_fsdp", "is_dtensor", "local", "locals_of", "sharded_flags", "user_path"]
+__all__ = ["any_sharded", "global_norms", "has_fsdp", "is_dtensor", "local", "locals_of", "sharded_flags",
+           "user_class", "user_path"]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
-from debug_nan.engine.sharded import user_path
+from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
 from debug_nan.engine.watch.watch import Check
@@ -59,10 +59,10 @@ def module_type(model: nn.Module, path: str) -> str:
     if not path:
         return ""
     try:
-        return type(model.get_submodule(path)).__name__
+        return user_class(type(model.get_submodule(path))).__name__
     except AttributeError:  # a path shown without its wrappers (FSDP1's `_fsdp_wrapped_module.`): the inner module
         found = [m for name, m in model.named_modules() if user_path(name) == path]
-        return type(found[-1]).__name__ if found else ""
+        return user_class(type(found[-1])).__name__ if found else ""
 
 
 def sample_ids(batch) -> list[str] | None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from debug_nan.engine.sharded import user_path
+from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.frames import replayed_source
 
 TAG = "debug_nan_module"
@@ -69,7 +69,8 @@ class ModuleContext:
         """(class name, "package.module.Class") of the module at `path` ("" = the model)."""
         if path not in self._classes:
             try:
-                cls = type(self._by_path[path]) if path in self._by_path else type(self.model.get_submodule(path))
+                cls = user_class(type(self._by_path[path]) if path in self._by_path
+                                 else type(self.model.get_submodule(path)))
                 self._classes[path] = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
             except AttributeError:
                 self._classes[path] = ("", "")

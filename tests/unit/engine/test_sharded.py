@@ -79,3 +79,13 @@ def test_a_rank_s_abort_survives_its_broadcast():
 
     again = pickle.loads(pickle.dumps(RunAborted("rank 0 failed while pinpointing", 1)))
     assert (str(again), again.exit_code) == ("rank 0 failed while pinpointing", 1)
+
+
+def test_fsdp2_s_class_swap_is_shown_as_the_user_s_class():
+    from debug_nan.engine.sharded import user_class
+
+    class Stage(nn.Module):
+        pass
+
+    swapped = type("FSDPStage", (type("FSDPModule", (), {}), Stage), {})  # what fully_shard makes of Stage
+    assert user_class(swapped) is Stage and user_class(Stage) is Stage
