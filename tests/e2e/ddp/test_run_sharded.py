@@ -74,11 +74,12 @@ def test_an_explosion_grown_on_rank_1_alone_names_rank_1(tmp_path):
     assert "rank 1 (first to see it: rank(s) 1)" in done.stderr and done.stdout.count("\n") == 11
 
 
-def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_path):
+@pytest.mark.parametrize("shard", ["ddp", "fsdp1"])  # fsdp1: AAM's own `pretrain --fsdp` shape
+def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_path, shard):
     """The loss all_gathers every rank's outputs (the local slice kept in the graph): rank 1's forward overflows
     at step 3 and every rank's loss is NaN. Rank 0's replay finds the gathered value already non-finite; rank 1's
     names the op that made it."""
-    done, data = watched(tmp_path, "--shard", "ddp", "--bug", "corrupt", "--gather-loss")
+    done, data = watched(tmp_path, "--shard", shard, "--bug", "corrupt", "--gather-loss")
     assert done.returncode != 0, done.stderr
     first = data["first_nonfinite"]
     assert (first["step"], first["phase"], first["rank"], first["first_ranks"]) == (3, "forward", 1, [0, 1])
