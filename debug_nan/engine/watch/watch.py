@@ -337,7 +337,9 @@ class Watch:
         if not todo:
             return
         with torch.no_grad():
+            # (a rank's shard of a small sharded parameter may be empty: FSDP pads the last ranks' shards)
             peaks = torch.stack([torch.stack(torch.aminmax(t)).to(todo[0][2].device, torch.float64).abs().max()
+                                 if t.numel() else torch.zeros((), dtype=torch.float64, device=todo[0][2].device)
                                  for _, _, t in todo]).tolist()
         for (seg, i, _), peak in zip(todo, peaks):
             seg.nonfinite[i] = not np.isfinite(peak)
