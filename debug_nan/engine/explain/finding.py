@@ -41,6 +41,7 @@ class Finding:
     detected_by: str = "replay"  # "replay" | "watch" | "data check" | "gradient history"
     rank: int | None = None  # under torchrun: the rank that pinpointed (the first to see it)
     first_ranks: list[int] | None = None  # every rank that saw it in the earliest phase
+    rank_origins: dict[str, str] | None = None  # under torchrun, when several ranks replayed: what each one found
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
 
     def __post_init__(self):

@@ -17,7 +17,7 @@ import torch
 
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
-from debug_nan.engine.session.distributed import DistContext, agree, broadcast
+from debug_nan.engine.session.distributed import DistContext, agree, broadcast, gather_objects
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.history import StepRecord
@@ -50,6 +50,16 @@ class RunAborted(Exception):
 
 MADE, RECEIVED, SEEN = 3.0, 2.0, 1.0  # what a rank's replay found: an op that made the value, a value already
 # non-finite when this rank's code used it (received), only the watch's reading
+
+
+def _origin_line(outcome) -> str:
+    """What this rank's own replay found, in one line (the report's `rank_origins`)."""
+    if isinstance(outcome, Finding):
+        where = f"{outcome.phase} {outcome.op or '(no op)'} in `{outcome.module or '<loss code>'}`"
+        return f"{where} at {outcome.source or '?'}: {outcome.cause} ({outcome.detected_by})"
+    if outcome is None:
+        return "not replayed"
+    return f"failed: {str(outcome)[:160]}"
 
 
 def _score(outcome) -> float:
@@ -154,6 +164,7 @@ class RankAgreement:
             # (a rank that replayed only to take part in the sharded model's collectives is not a candidate)
             score = _score(outcome) if self.ctx.rank in plan.first else 0.0
             scores = agree(torch.tensor(score, device=self.device), self.ctx).tolist()
+            origins = gather_objects(_origin_line(outcome), self.ctx)  # each rank's own origin, kept
             best = max(scores)
             src = next((r for r, f in enumerate(scores) if f == best and f > 0), src)
         outcome = broadcast(outcome if self.ctx.rank == src else None, src)
@@ -161,6 +172,8 @@ class RankAgreement:
             raise outcome
         if outcome is not None:
             outcome.rank, outcome.first_ranks = src, plan.first
+            if scores is not None:
+                outcome.rank_origins = {str(r): line for r, line in enumerate(origins)}
             received = [r for r, f in enumerate(scores or []) if f == RECEIVED and r != src]
             if received and _score(outcome) == MADE:
                 outcome.explanation += (f" Rank(s) {', '.join(map(str, received))} saw it too, already non-finite "

@@ -87,6 +87,9 @@ def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_
         "cascade_stages.0.encoder.self_attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", "overflow")
     assert "Rank(s) 0 saw it too, already non-finite when their own code first used it: they received rank 1's" \
         in first["explanation"]
+    origins = first["rank_origins"]  # each rank's own origin is kept: rank 0 received it in the loss code
+    assert origins["0"].startswith("loss (no op) in `<loss code>`") and "nonfinite_input" in origins["0"]
+    assert origins["1"].startswith("forward aten._scaled_dot_product_flash_attention_for_cpu.default")
 
 
 def test_a_nan_learning_rate_under_fsdp2_is_the_watch_s_finding_with_the_reason(tmp_path):
