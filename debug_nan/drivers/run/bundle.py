@@ -28,7 +28,6 @@ from debug_nan.engine.replay.driver import NotReplayable, StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot
 from debug_nan.engine.replay.trip import Trip
-from debug_nan.engine.sharded import has_fsdp
 from debug_nan.engine.vocabulary import adapt_advice
 from debug_nan.engine.watch.watch_result import Check
 
@@ -42,9 +41,6 @@ class NoBundle(Exception):
 def script_state(state: dict, model, optimizer, scheduler, world: int = 1) -> dict:
     """A bundle's content (repro_state) for `run`: the model and optimizer state dicts replaced by the objects
     (restored by repro_state to the failing step's start), the tapes made portable."""
-    if has_fsdp(model):
-        raise NoBundle("the model is sharded (FSDP): its replay needs every rank's shards and process group, which a "
-                       "bundle replayed alone does not have; the finding above is the in-place replay's, on every rank")
     try:
         tapes = [tape.portable() if isinstance(tape, Tape) else None for tape in state.pop("tapes")]
         update = state.pop("update")
