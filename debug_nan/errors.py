@@ -12,6 +12,12 @@ class InputError(Exception):
     exit_code = 2
 
 
+class CommandRaised(InputError):
+    """The user's command (`debug-nan run`) raised before it trained: its own error, exit 1 as plain Python."""
+
+    exit_code = 1
+
+
 def require_package(name: str, message: str) -> None:
     """Bad usage (exit 2) with `message` when the optional package `name` (an extra) is not installed: checked
     before the run, for the option that needs it."""

@@ -15,6 +15,7 @@ import importlib.util
 import linecache
 import os
 import sys
+import traceback
 from contextlib import contextmanager
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -145,4 +146,54 @@ def user_frame_of_traceback(summaries) -> object | None:
     for frame in reversed(list(summaries)):
         if frame_kind(frame.filename) == "user":
             return frame
+    return None
+
+
+# -- whose exception: a call debug-nan passes through is its caller's ---------------------------------------------
+_THROUGH = "_debug_nan_passed_through"  # attribute of an exception: ids of the tool frames it passed through
+
+
+def passed_through(exc: BaseException) -> None:
+    """Called in an `except` around a call debug-nan makes on the script's behalf (the recorder's torch call, a
+    wrapped `backward()`, `GradScaler.scale`): the frame catching `exc` only passed it on, so the exception is
+    still the script's. Marks that frame (the first of `exc.__traceback__`, the one handling it now)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return
+    try:
+        marks = exc.__dict__.setdefault(_THROUGH, set())
+    except (AttributeError, TypeError):  # (an exception type without a __dict__: blamed by its frames alone)
+        return
+    marks.add(id(tb.tb_frame))
+
+
+class _CallsThrough:
+    """`with calls_through: original(...)`: an exception raised inside is the caller's (see passed_through). A class,
+    not a generator: its __exit__ gets the traceback whose first frame is the one running the `with`."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None:
+            passed_through(exc)
+        return False
+
+
+calls_through = _CallsThrough()
+
+
+def raising_tool_frame(exc: BaseException) -> tuple[str, int] | None:
+    """(filename, lineno) of the debug-nan frame an exception started in, or None when it is the script's: the
+    innermost frame of its traceback outside torch and the standard library that is not a frame debug-nan only
+    passed the call through (passed_through). A bug in debug-nan's own code has a tool frame there; an error of
+    a torch call the script made, wherever debug-nan's recorder or hooks sit on the stack, has the script's."""
+    marks = getattr(exc, _THROUGH, ())
+    stdlib = os.path.dirname(os.__file__)
+    for frame, lineno in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        filename = frame.f_code.co_filename
+        kind = frame_kind(filename)
+        if kind in ("torch", "plumbing") or filename.startswith((stdlib, "<frozen")) or id(frame) in marks:
+            continue
+        return (filename, lineno) if kind == "tool" else None
     return None

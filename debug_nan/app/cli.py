@@ -37,19 +37,20 @@ from debug_nan.settings import build_settings, load_config
 
 
 def fail(message: str, report: str | None = None, inputs: dict[str, str] | None = None,
-         outputs: dict[str, str] | None = None) -> None:
+         outputs: dict[str, str] | None = None, code: int = 2) -> None:
     """Print a one-paragraph error on stderr, leave an error report where --report asked for one (unless that path
-    is an input or another output, or its folder is not writable), and exit 2."""
+    is an input or another output, or its folder is not writable), and exit `code` (2: bad usage or input)."""
     click.echo(error_line(message), err=True)
     if report:
-        write_error_report_safely(report, message, inputs or {}, outputs or {})
-    _exit(2)
+        write_error_report_safely(report, message, inputs or {}, outputs or {}, code)
+    _exit(code)
 
 
-def write_error_report_safely(report: str, message: str, inputs: dict[str, str], outputs: dict[str, str]) -> None:
+def write_error_report_safely(report: str, message: str, inputs: dict[str, str], outputs: dict[str, str],
+                              code: int = 2) -> None:
     from debug_nan.presentation.summary import write_error_report
 
-    _write_report_safely(report, inputs, outputs, lambda: write_error_report(report, message, 2), "error report")
+    _write_report_safely(report, inputs, outputs, lambda: write_error_report(report, message, code), "error report")
 
 
 def write_interrupted_report_safely(report: str, exc: BaseException, inputs: dict[str, str],
@@ -343,8 +344,8 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2
-    except InputError as exc:
-        fail(str(exc), _run_report(report), inputs, {"--log": log_path} if log_path else {})
+    except InputError as exc:  # (CommandRaised: the script's own error before it trained, exit 1 as plain Python)
+        fail(str(exc), _run_report(report), inputs, {"--log": log_path} if log_path else {}, exc.exit_code)
     except KeyboardInterrupt as exc:  # before the command trained (the job writes its own report after)
         click.echo(f"debug-nan: interrupted ({interrupts.interrupt_name(exc)}).", err=True)
         if _run_report(report) and _main_rank():

@@ -22,18 +22,20 @@ from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
+from debug_nan.drivers.run.ensemble import Models, Optimizers
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.sharded import user_class
-from debug_nan.errors import InputError, describe_exception
-from debug_nan.frames import frame_kind, short_path
+from debug_nan.errors import CommandRaised, InputError, describe_exception
+from debug_nan.frames import raising_tool_frame, short_path
 from debug_nan.presentation.log import Log, error_line
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
 from debug_nan.settings import RunSettings
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+OVERRIDES = torch.overrides.__file__  # (handle_torch_function: how a torch function reaches a TorchFunctionMode)
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
@@ -72,18 +74,33 @@ class RunListener:
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
                                 trace_at=self.options.trace_at)
-        count, name = sum(p.numel() for p in model.parameters()), user_class(type(model)).__name__
-        if optimizer is None:
-            self.log(f"[debug-nan] watching {name} ({count:,} parameters), whose weights the script "
+        count = sum(p.numel() for p in model.parameters())
+        if isinstance(optimizer, Optimizers):
+            optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
+            named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
+            self.log(f"[debug-nan] watching {named} ({count:,} parameters) and "
+                     f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
+                     f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
+                     f"together, with no forward between them, one step)")
+        elif optimizer is None:
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
         else:
-            self.log(f"[debug-nan] watching {name} ({count:,} parameters) and its "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters) and its "
                      f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
         if ctx is not None:
             self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "
                      f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
                      f"report; a finding names the rank that saw the harm first.")
+
+    def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> None:
+        if self.driver is not None and not self.driver.stopped:
+            self.driver.eval_forwards.begin(module, args, kwargs, steps_taken)
+
+    def eval_end(self, output) -> None:
+        if self.driver is not None and not self.driver.stopped and self.driver.eval_end(output):
+            raise RunStopped("trip")
 
     def micro_begin(self, batch, step: int, micro: int) -> None:
         if self.options.max_steps and step > self.options.max_steps:
@@ -126,6 +143,21 @@ def _ours(frame: traceback.FrameSummary) -> bool:
     return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
 
 
+def _as_python_shows(stack: list) -> list:
+    """The frames of a traceback without debug-nan's, and without the detour a torch function takes to reach its
+    recorder (torch's `handle_torch_function`, then the same function entered again): as plain Python shows it."""
+    shown = []
+    for i, frame in enumerate(stack):
+        nxt = stack[i + 1] if i + 1 < len(stack) else None
+        if _ours(frame) or (frame.filename == OVERRIDES and nxt is not None and _ours(nxt)):
+            continue
+        if shown and i > 0 and (_ours(stack[i - 1]) or stack[i - 1].filename == OVERRIDES) \
+                and shown[-1].filename == frame.filename and shown[-1].name == frame.name:
+            shown.pop()  # (the torch function that handed the call to the recorder, entered again)
+        shown.append(frame)
+    return shown
+
+
 def _script_traceback(exc: BaseException) -> None:
     """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
     report = traceback.TracebackException.from_exception(exc)
@@ -135,20 +167,16 @@ def _script_traceback(exc: BaseException) -> None:
         if id(one) in seen:
             continue
         seen.add(id(one))
-        one.stack = traceback.StackSummary.from_list([f for f in one.stack if not _ours(f)])
+        one.stack = traceback.StackSummary.from_list(_as_python_shows(list(one.stack)))
         pending += [e for e in (one.__cause__, one.__context__) if e is not None]
     sys.stderr.write("".join(report.format()))
 
 
 def _raised_by_us(exc: BaseException) -> str | None:
-    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code (its innermost frame outside
-    the standard library and torch is debug-nan's, not the script's): debug-nan failed, not the script."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        kind = frame_kind(frame.filename)
-        if kind in ("torch", "plumbing") or frame.filename.startswith((os.path.dirname(os.__file__), "<frozen")):
-            continue
-        return f"{short_path(frame.filename)}:{frame.lineno}" if kind == "tool" else None
-    return None
+    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code, not in a call debug-nan
+    only passed on for the script (frames.raising_tool_frame): debug-nan failed, not the script."""
+    where = raising_tool_frame(exc)
+    return None if where is None else f"{short_path(where[0])}:{where[1]}"
 
 
 def _blame(exc: BaseException, clause: str) -> str:
@@ -183,7 +211,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     main_rank = ranks is None or ranks.is_main
     outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = (Log(paths.partial(options.log), stream=sys.stderr) if main_rank
+    log = outputs.log = (Log(paths.partial(options.log), follow_stderr=True) if main_rank
                          else Log(None, stream=io.StringIO()))
     _streamed[:] = [log, command.target if command.kind == "script" else None]
     outputs.open()
@@ -224,8 +252,9 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
-            raise InputError(_blame(error, " before any training step (no forward of a model whose "
-                                    "parameters an optimizer owns, then backward, had run)") + ".")
+            said = _blame(error, " before any training step (no forward of a model whose parameters an optimizer "
+                                 "owns, then backward, had run)") + "."
+            raise (CommandRaised(said) if _raised_by_us(error) is None else InputError(said))
         raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
@@ -242,6 +271,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         try:
             if hooks.manual and hooks.backward_since_open and not m.stopped:
                 hooks.close_manual_step()  # the last hand-written update
+            if not m.stopped:
+                hooks.flush_step()  # (several optimizers: their last step)
         except RunStopped:
             pass
         if not m.stopped:

@@ -7,6 +7,8 @@ trainer/             the CLI's Trainer: the loop it runs itself (loop.py, top to
 monitor.py           Monitor: a user's own loop, `with monitor.step(...)`
 framework.py         FrameworkDriver: the session split at a framework's hook points; lightning.py, hf.py on it
                      (public paths: debug_nan.integrations.*), framework_outputs.py (their summary and report)
+eval_forwards.py     the model's forwards outside training (validation, generation), checked and replayed for
+                     every entry point but the CLI's Trainer (which runs its own eval pass)
 run/                 `debug-nan run`: the user's unmodified script, cut into steps by torch's global hooks
                      (hooks.py), its code around the model recorded (tape.py), RunDriver (driver.py)
 """

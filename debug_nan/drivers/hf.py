@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "'debug-nan[hf]'") from exc
 
 from debug_nan.drivers import ddp
+from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining
 from debug_nan.drivers.framework import FrameworkDriver
 from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.drivers.monitor import NonFiniteError
@@ -125,6 +126,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         self.snapshot_every = snapshot_every  # copy the state every N steps (None: engine/session/copies.py chooses)
         self.outputs_every = outputs_every  # measure module outputs every N steps (None: engine/session/output_schedule.py)
         self.driver: HFDriver | None = None
+        self.outside: ForwardsOutsideTraining | None = None
         self._first = True
 
     # -- Trainer events ----------------------------------------------------------------------------------------
@@ -144,6 +146,9 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
             outputs_every=self.outputs_every)
         self.driver = HFDriver(t, settings, log, self.outputs.bundle_dir)
         self._install()
+        # the evaluation loop's forwards (eval_strategy): under no_grad, outside a training micro-batch
+        self.outside = ForwardsOutsideTraining(self.driver, [self.driver.model], lambda: t.state.global_step,
+                                               self._found_outside)
         if args.process_index == 0:
             log(f"[debug-nan] watching {type(t.model).__name__} in transformers {transformers.__version__} Trainer "
                 f"({described}, gradient_accumulation_steps {args.gradient_accumulation_steps}, world size "
@@ -158,6 +163,9 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.driver is not None:
             self.driver.stepped()
+        return self._control(control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
         return self._control(control)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -206,6 +214,16 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
     def _uninstall(self) -> None:
         if "training_step" in self.trainer.__dict__:
             del self.trainer.training_step
+        if self.outside is not None:
+            self.outside.remove()
+
+    def _found_outside(self, finding) -> None:
+        """An evaluation forward made NaN/+Inf (ForwardsOutsideTraining): training stops at the next step's end."""
+        self.outside.evals.found(finding)
+        self._conclude()
+        if self.outputs.on_trip == "raise":
+            self._uninstall()  # train() ends here without on_train_end
+            raise NonFiniteError(finding)
 
     def _raised(self, exc: BaseException, last: bool) -> None:
         """User code raised inside a micro-batch: a trip, as in the CLI; the exception then goes on as it would."""

@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "'debug-nan[lightning]'") from exc
 
 from debug_nan.drivers import ddp
+from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining
 from debug_nan.drivers.framework import FrameworkDriver
 from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
 from debug_nan.drivers.monitor import NonFiniteError
@@ -112,10 +113,16 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
         self.snapshot_every = snapshot_every  # copy the state every N steps (None: engine/session/copies.py chooses)
         self.outputs_every = outputs_every  # measure module outputs every N steps (None: engine/session/output_schedule.py)
         self.driver: LightningDriver | None = None
+        self.outside: ForwardsOutsideTraining | None = None
         self._stepping = False
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.on_train_start(trainer, pl_module)  # (the sanity check's validation forwards are watched too)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.driver is not None:
+            return
         _check_supported(trainer, pl_module)
         log = self.outputs.open(trainer.global_rank)
         settings = run_settings(
@@ -127,6 +134,10 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             snapshot_every=self.snapshot_every,
             outputs_every=self.outputs_every)
         self.driver = LightningDriver(trainer, pl_module, settings, log, self.outputs.bundle_dir)
+        # validation_step's forwards (and the sanity check's): the module's and its children's with parameters
+        modules = [pl_module, *(c for c in pl_module.children() if next(c.parameters(), None) is not None)]
+        self.outside = ForwardsOutsideTraining(self.driver, modules, lambda: trainer.global_step,
+                                               lambda finding: self._found_outside(trainer, finding))
         if trainer.global_rank == 0:
             log(f"[debug-nan] watching {type(pl_module).__name__} in Lightning {pl.__version__} ({trainer.precision}, "
                 f"accumulate_grad_batches {trainer.accumulate_grad_batches}, world size {trainer.world_size})")
@@ -173,6 +184,14 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             pl_module.zero_grad(set_to_none=True)
 
     # -- a trip ------------------------------------------------------------------------------------------------
+    def _found_outside(self, trainer, finding) -> None:
+        """A validation forward made NaN/+Inf (ForwardsOutsideTraining): the run stops as at a training trip."""
+        self.outside.evals.found(finding)
+        self._conclude(trainer)
+        trainer.should_stop = True
+        if self.outputs.on_trip == "raise":
+            raise NonFiniteError(self.driver.findings[0])
+
     def _end(self, trainer, last: bool) -> None:
         finding = self.driver.end(last)
         if not self.driver.stopped:
@@ -186,6 +205,7 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
                   alone: bool = False) -> None:
         m = self.driver
         m.close()
+        self.outside.remove()
         rank = trainer.global_rank
         self.outputs.conclude(m, m.s, {
             "framework": "lightning", "version": pl.__version__, "precision": str(trainer.precision),

@@ -24,7 +24,9 @@ loop does, so that its replay does it too:
     accumulation_steps=N   you back-propagate loss / N for N micro-batches (one step() block each), then step
     scaler=GradScaler      you back-propagate scaler.scale(loss) and step through scaler.step(optimizer)
     max_grad_norm=X        you clip the total gradient norm to X before the optimizer step
-The monitor checks only inside `step()`: a validation pass between steps is not watched.
+Outside `step()`, every forward of the model made with gradients off (a validation pass, generation) is checked
+too: a NaN/+Inf in its output raises NonFiniteError there, the forward's op named (phase "eval"; a -Inf-only output
+is a mask and stays silent).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from debug_nan import torch_support
 torch_support.require()  # the Monitor and the framework callbacks (which import this): one line, before the
 # imports below
 
+from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining  # noqa: E402
 from debug_nan.drivers.task import split_loss  # noqa: E402
 from debug_nan.engine.explain.finding import Finding  # noqa: E402
 from debug_nan.engine.replay.driver import TaskFailure  # noqa: E402
@@ -86,6 +89,7 @@ class Monitor:
         self._micro = 0  # micro-batches of the optimizer step under way
         # the optimizer tells when the user's loop stepped (a GradScaler's skipped step never reaches it)
         self._hook = optimizer.register_step_post_hook(self._stepped) if optimizer is not None else None
+        self._outside = self._watch_outside()
 
     @property
     def steps(self) -> int:
@@ -158,9 +162,20 @@ class Monitor:
         if error is not None:
             raise error
 
+    def _watch_outside(self):
+        """The model's forwards with gradients off outside step() (a validation pass, generation): a NaN/+Inf
+        output raises NonFiniteError there, with the op the replay of that forward names."""
+        return ForwardsOutsideTraining(self, [self.model], lambda: self.session.steps, self._found_outside)
+
+    def _found_outside(self, finding: Finding) -> None:
+        self.watch.enabled = False
+        self.watch.discard()
+        raise NonFiniteError(finding)
+
     def close(self) -> None:
         """Remove the hooks from the model and the optimizer (they are left as they were); the monitor cannot be
         used again until attach()."""
+        self._outside.remove()
         self.watch.close()
         if self._hook is not None:
             self._hook.remove()
@@ -170,6 +185,8 @@ class Monitor:
     def attach(self) -> None:
         """Register the hooks again after close() (the state the monitor holds is kept)."""
         self.watch.attach()
+        if not self._outside.handles:
+            self._outside = self._watch_outside()
         if self._hook is None and self.optimizer is not None:
             self._hook = self.optimizer.register_step_post_hook(self._stepped)
         self.closed = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from debug_nan.errors import InputError
@@ -24,8 +25,9 @@ def error_line(message: str) -> str:
 
 
 class Log:
-    def __init__(self, copy_path: str | None = None, stream=None):
-        self.stream = stream or sys.stdout
+    def __init__(self, copy_path: str | None = None, stream=None, follow_stderr: bool = False):
+        self._follows_stderr = follow_stderr  # (see `stream`)
+        self._stream = sys.stderr if follow_stderr else stream or sys.stdout
         self.colour = (hasattr(self.stream, "isatty") and self.stream.isatty() and "NO_COLOR" not in os.environ
                        and os.environ.get("TERM") != "dumb")
         self.copy = None
@@ -39,6 +41,28 @@ class Log:
                 self.copy = path.open("w", buffering=1)
             except OSError as exc:
                 raise InputError(f"--log {path}: cannot write there ({exc.strerror or exc}).") from None
+
+    @property
+    def stream(self):
+        """Where the lines go. With follow_stderr (`debug-nan run`: the user's script runs in this process), the
+        process's stderr as it is now: a script that replaces `sys.stderr` (re-wraps it in another encoding,
+        detaching the old one) still gets debug-nan's lines, on its new one."""
+        return sys.stderr if self._follows_stderr else self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._follows_stderr, self._stream = False, value
+
+    @contextmanager
+    def keep_stream(self):
+        """While the script's output is redirected into a sink (a replay runs its code again), the log keeps the
+        stream it has now."""
+        follows, self._stream = self._follows_stderr, self.stream
+        self._follows_stderr = False
+        try:
+            yield
+        finally:
+            self._follows_stderr = follows
 
     @property
     def stdout_closed(self) -> bool:

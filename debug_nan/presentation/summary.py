@@ -25,8 +25,9 @@ def _wrap(label: str, text: str, width: int = 100) -> list[str]:
 
 def finding_lines(f: Finding) -> list[str]:
     lines = []
-    batch = "held-out batch" if f.phase == Phase.EVAL else "micro-batch"  # an eval finding: the pass after step S
-    lines += _wrap("where", f"step {f.step}, {batch} {f.micro_step}, phase {f.phase}"
+    # an eval finding: its batch (a forward outside training, for `run`) counted from the last step before it
+    at = f"after step {f.step}, eval batch" if f.phase == Phase.EVAL else f"step {f.step}, micro-batch"
+    lines += _wrap("where", f"{at} {f.micro_step}, phase {f.phase}"
                    + (f", rank {f.rank} (first to see it: rank(s) {', '.join(map(str, f.first_ranks))})"
                       if f.rank is not None else ""))
     if f.phase == Phase.BACKWARD and not f.module and not f.module_type:

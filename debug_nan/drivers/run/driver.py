@@ -18,13 +18,14 @@ import logging
 import math
 import os
 import time
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 
 import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
 from debug_nan.drivers.framework import FrameworkDriver
+from debug_nan.drivers.eval_forwards import EvalForwards
 from debug_nan.drivers.run.bundle import PROTOCOL, pickle_module, script_modules_by_value, script_state
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.replayer import TapeReplayer
@@ -97,6 +98,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         self.live: LiveTrace | None = None
         self.step_open = False
         self.answer_seconds: float | None = None  # from the sync that tripped to the finding (the pinpoint's cost)
+        self.eval_forwards = EvalForwards(self)  # the model's forwards outside training (validation, generation)
 
     def finish(self):
         """The last update's check (under DDP, when the script destroys its process group: the ranks agree on it
@@ -148,7 +150,8 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         sink, disabled = io.StringIO(), logging.root.manager.disable
         logging.disable(logging.CRITICAL)
         try:
-            with self.hooks.paused(), self.watch.paused(), redirect_stdout(sink), redirect_stderr(sink):
+            with self.hooks.paused(), self.watch.paused(), _kept(self.log), redirect_stdout(sink), \
+                    redirect_stderr(sink):
                 yield
         finally:
             logging.disable(disabled)
@@ -205,6 +208,22 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         if finding is not None:
             self.findings.append(finding)
             self.session.stop(finding)
+
+    def eval_end(self, output) -> bool:
+        """A forward outside training ended: True when its output was harmful (the finding made, the run stopped)."""
+        if not self.watch_on_outside_training():
+            self.eval_forwards.end(None)
+            return False
+        started = time.perf_counter()
+        finding = self.eval_forwards.end(output)
+        if finding is None:
+            return False
+        self.answer_seconds = time.perf_counter() - started
+        self.eval_forwards.found(finding)
+        return True
+
+    def watch_on_outside_training(self) -> bool:
+        return not self.stopped and self.watch is not None and not self.hooks.is_paused
 
     def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
         """Model calls of this micro-batch whose outputs its backward does not take (the script skipped a NaN loss
@@ -264,6 +283,11 @@ class RunDriver(TapeReplayer, FrameworkDriver):
             raise RunStopped("trip")
         if not skipped:
             self.stepped()
+
+
+def _kept(log):
+    """The log's stream kept while the script's output goes to a sink (presentation/log.py's keep_stream)."""
+    return log.keep_stream() if hasattr(log, "keep_stream") else nullcontext()
 
 
 class ScriptGaveUp(Exception):

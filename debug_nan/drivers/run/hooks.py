@@ -28,17 +28,18 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.model_calls import bare, batch_of, leaves_reached, loss_of, optimizer_params, owners
+from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
-from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
-from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
+from debug_nan.engine.watch.module_hooks import ModuleHook
 from debug_nan.errors import InputError
-from debug_nan.frames import user_location
+from debug_nan.frames import calls_through, user_location
 
 __all__ = ["Hooks", "Listener", "RunStopped"]
+
+OUTSIDE_TRAINING = "outside training"  # a model call's mark: a forward with gradients off, outside a micro-batch
 
 
 class Listener(Protocol):
@@ -49,6 +50,8 @@ class Listener(Protocol):
     def step_begin(self, step: int, update: Tape | None) -> None: ...
     def step_end(self, step: int, skipped: bool) -> None: ...
     def training_ends(self) -> None: ...
+    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None: ...
+    def eval_end(self, output) -> None: ...
 
 
 class Hooks(WatchedOptimizer):
@@ -93,26 +96,31 @@ class Hooks(WatchedOptimizer):
         scale, update = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
 
         def optimizer_init(optimizer, *args, **kwargs):
-            init(optimizer, *args, **kwargs)
+            with calls_through:  # (the script's own error, e.g. an invalid lr, stays the script's)
+                init(optimizer, *args, **kwargs)
             hooks.created(optimizer)
 
         scheduler_init = torch.optim.lr_scheduler.LRScheduler.__init__
 
         def lr_scheduler_init(scheduler, *args, **kwargs):
-            scheduler_init(scheduler, *args, **kwargs)
+            with calls_through:
+                scheduler_init(scheduler, *args, **kwargs)
             hooks.schedulers.append(weakref.ref(scheduler))
 
         def autograd_backward(tensors, *args, **kwargs):
-            return hooks.backward(backward, tensors, *args, **kwargs)
+            with calls_through:
+                return hooks.backward(backward, tensors, *args, **kwargs)
 
         def scaler_scale(scaler, outputs):
-            out = scale(scaler, outputs)
+            with calls_through:
+                out = scale(scaler, outputs)
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
                 hooks.scaled, hooks.scaler = weakref.ref(out), scaler
             return out
 
         def scaler_update(scaler, *args, **kwargs):
-            update(scaler, *args, **kwargs)
+            with calls_through:
+                update(scaler, *args, **kwargs)
             hooks.updated()
 
         def thread_excepthook(args, original=threading.excepthook):
@@ -132,8 +140,10 @@ class Hooks(WatchedOptimizer):
 
             def destroy_process_group(*args, **kwargs):
                 if not hooks.is_paused and hooks.root is not None:
+                    hooks.flush_step()
                     hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
-                return destroy(*args, **kwargs)
+                with calls_through:
+                    return destroy(*args, **kwargs)
 
             self._patch(torch.distributed, "destroy_process_group", destroy_process_group)
         self._handles += [register_optimizer_step_pre_hook(self.step_pre),
@@ -148,36 +158,6 @@ class Hooks(WatchedOptimizer):
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
-
-    # -- optimizers and the root -------------------------------------------------------------------------------
-    def created(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.root is not None:
-            self.other_optimizers.append(weakref.ref(optimizer))
-            return
-        self._hook_models(owners(optimizer_params(optimizer)))
-        self.other_optimizers.append(weakref.ref(optimizer))
-
-    def _hook_models(self, modules: list[nn.Module]) -> None:
-        for module in modules:
-            keep_out_of_copies(module)
-            self._handles += [module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True),
-                              module.register_forward_hook(self._forward_post_hook, with_kwargs=True,
-                                                           always_call=True)]
-
-    def _adopt_by_backward(self, tensors) -> None:
-        """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
-        the model is the module that owns every parameter this backward reaches. Watched from its next forward;
-        each forward after a backward then closes a step (the script's own update ran between them)."""
-        self.manual_tried = True
-        found = owners(leaves_reached(tensors))
-        if found:
-            self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
-            self._hook_models(found)
-
-    def scheduler_of(self, optimizer):
-        """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
-        live = [r() for r in self.schedulers]
-        return next((s for s in reversed(live) if s is not None and s.optimizer is optimizer), None)
 
     @contextmanager
     def paused(self):
@@ -199,41 +179,52 @@ class Hooks(WatchedOptimizer):
         self._calls.append(None)
         if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
             return
+        if not self.open and not self.in_backward and not torch.is_grad_enabled():  # validation, generation
+            if self._adopt(module):
+                self.flush_step()
+                self._calls[-1] = OUTSIDE_TRAINING
+                self.listener.eval_begin(module, args, kwargs, self.step - 1)
+            return
         self._open_micro(module, args, kwargs)
         tape = self.recorder.tape
-        if tape is not None and self.open and (module is self.root or bare(module) is bare(self.root)):
+        if tape is not None and self.open and self._is_model(module):
             if not tape.entries:  # the micro-batch's first call: its arguments are the captured batch
                 tape.first_inputs(args, kwargs)
                 self._calls[-1] = tape.model_call((), {})
             else:
                 self._calls[-1] = tape.model_call(args, kwargs)
+            if self.models is not None:  # (several models: which one the replay calls)
+                self._calls[-1].member = self.models.member_index(module)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         if self.is_paused or not self._calls:
             return
         entry = self._calls.pop()
         tape = self.recorder.tape
+        if entry is OUTSIDE_TRAINING:
+            try:  # (its replay runs with the recorder still off, as the forward did)
+                self.listener.eval_end(output)
+            finally:
+                self.recorder.resume()
+            return
         if entry is not None and tape is not None:
             tape.returned(entry, output)
             self.outputs.append(output)  # (alive anyway until the backward, which lets them go)
         self.recorder.resume()
 
-    def _open_micro(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _open_micro(self, module: nn.Module | None, args: tuple, kwargs: dict) -> None:
+        """A micro-batch opens at `module`'s forward; with module None, at a backward whose forwards ran before the
+        last backward (several models: an actor-critic's second loss), with no batch of its own."""
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
-        if self.root is None:
-            model = bare(module)
-            ids = held_parameter_ids(model)  # (FSDP2: the sharded parameters the optimizer holds)
-            live = [r() for r in self.other_optimizers]
-            mine = [o for o in live if o is not None and optimizer_params(o) <= ids]
-            if not mine and not self.manual:  # its optimizer is gone already: not the training model
+        if module is None:
+            pass
+        elif self.root is None:
+            if not self._adopt(module):
                 return
-            self.root, self.optimizer = module, mine[-1] if mine else None
-            self.other_optimizers = [weakref.ref(o) for o in live if o is not None and o is not self.optimizer]
-            with sharded_view(model):  # (FSDP2: the watch and the copy read the optimizer's sharded parameters)
-                self.listener.attach(model, self.optimizer)
-        elif module is not self.root:
+        elif not (self._is_model(module) if self.models is not None else module is self.root):
             return
+        self.flush_step()
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
             if self.micro:
                 self.close_manual_step()
@@ -250,8 +241,11 @@ class Hooks(WatchedOptimizer):
         if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
                 and not any(r() is not None for r in self.other_optimizers):
             self._adopt_by_backward(tensors)
+        if not self.open and self.models is not None and not self.in_backward and not self.is_paused:
+            self._open_micro(None, (), {})
         if not self.open or self.in_backward or self.is_paused:
-            return original(tensors, *args, **kwargs)
+            with calls_through:
+                return original(tensors, *args, **kwargs)
         tape, self.recorder.tape = self.recorder.tape, None
         outputs, self.outputs = self.outputs, []
         if tape is not None:
@@ -268,7 +262,7 @@ class Hooks(WatchedOptimizer):
             self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
             # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
             # reports it (the trip stops the script at this backward all the same)
-            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+            with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False), calls_through:
                 result = original(tensors, *args, **kwargs)
         finally:
             self.in_backward = False
@@ -293,7 +287,8 @@ class Hooks(WatchedOptimizer):
         hooks = self
 
         def after_closure(*a, **k):
-            result = closure(*a, **k)
+            with calls_through:
+                result = closure(*a, **k)
             if not hooks.is_paused:
                 hooks._end_update(optimizer, closure_calls=True)
             return result
@@ -311,7 +306,9 @@ class Hooks(WatchedOptimizer):
                 update.step_location = user_location(2)  # the script's `optimizer.step()` line
             if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
                 update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
-            self.listener.step_begin(self.step, update)
+            if not self.joins_step(optimizer, update):
+                self._pending_update = update
+                self.listener.step_begin(self.step, update)
         self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
         self._in_step = True
 
@@ -323,7 +320,10 @@ class Hooks(WatchedOptimizer):
             self._in_step = False
         if self._mine(optimizer):
             self.stepped_since_update = self.stepped_this_step = True
-            self._close_step(skipped=False)
+            if self.several:
+                self.step_pending = True  # (another optimizer may join this step before the next forward)
+            else:
+                self._close_step(skipped=False)
 
     def close_manual_step(self) -> None:
         """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or

@@ -9,7 +9,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from debug_nan.drivers.run.tape import Tape
-from debug_nan.frames import replayed_at
+from debug_nan.frames import passed_through, replayed_at
 
 _SCALARS = (bool, int, float, str, torch.Size, torch.dtype, torch.device)  # outputs that change no tensor
 
@@ -50,11 +50,19 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         tape = self.tape
-        if tape is None or self.suspended or getattr(func, "__name__", "") == "backward" or _annotation(func):
-            return func(*args, **kwargs)
+        try:  # (an error of the call is the script's, not the recorder's: frames.passed_through)
+            if tape is None or self.suspended or getattr(func, "__name__", "") == "backward" or _annotation(func):
+                return func(*args, **kwargs)
+        except BaseException as exc:
+            passed_through(exc)
+            raise
         entry = tape.arguments(func, args, kwargs)
-        with replayed_at(entry.location):  # (the script's line, for a tracer running now: `run --trace-at`)
-            out = func(*args, **kwargs)
+        try:
+            with replayed_at(entry.location):  # (the script's line, for a tracer running now: `run --trace-at`)
+                out = func(*args, **kwargs)
+        except BaseException as exc:
+            passed_through(exc)
+            raise
         if not isinstance(out, _SCALARS):  # (a shape, .item(): nothing a later call can take as a tensor)
             tape.returned(entry, out)
         return out

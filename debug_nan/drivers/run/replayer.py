@@ -59,6 +59,8 @@ class TapeReplayer:
             raise NotReplayable("no record of the script's code before its optimizer step")
         tape.replay(self.model, (), {}, self._values)  # (a loop with no optimizer: its whole update is here)
         if self.optimizer is not None:
+            if tape.stepped is not None:  # several optimizers (ensemble.Optimizers): those the run stepped
+                self.optimizer.stepping = tape.stepped
             with replayed_at(tape.step_location):
                 self.optimizer.step()
 

@@ -37,6 +37,8 @@ def held_parameter_ids(model: nn.Module) -> set[int]:
     """The ids of `model`'s parameters as an optimizer holds them: the live ones and, under FSDP2, the sharded
     DTensors of units that are unsharded now."""
     ids = {id(p) for p in model.parameters()}
+    if not isinstance(model, nn.Module):  # (several models watched as one: drivers/run/ensemble.py)
+        return ids
     return ids | {id(fp.sharded_param) for fp in _fsdp_params(model)}
 
 

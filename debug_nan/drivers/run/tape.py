@@ -47,6 +47,7 @@ class Entry:
     spec: object  # their tree structure
     outputs: list  # the slot of each tensor output, in the output's flattened order (None: not a tensor)
     location: tuple | None = None  # (filename, lineno) of the user's line that made the call
+    member: int | None = None  # a model call where the run trains several models: which (ensemble.Models)
 
 
 class _ModelCall:
@@ -75,6 +76,7 @@ class Tape:
     backward: tuple | None = None  # (leaves, spec) of the backward() call that closed the micro-batch
     first_form: str | None = None  # how the first model call's arguments were given (see batch_form)
     step_location: tuple | None = None  # an update's: (filename, lineno) of the script's optimizer.step() call
+    stepped: list | None = None  # an update's, where the run has several optimizers: which stepped, in order
     previous: Tape | None = None  # an update's: the micro-batch tape it follows (its values may be used here)
     inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
     unreplayable: str | None = None
@@ -188,7 +190,7 @@ class Tape:
             whole = value.untyped_storage().nbytes() == value.numel() * value.element_size()
             externals.append((value if whole and value.is_contiguous() else value.clone(), None))
         return Tape(entries=self.entries, externals=externals, slots=self.slots, backward=self.backward,
-                    first_form=self.first_form, step_location=self.step_location,
+                    first_form=self.first_form, step_location=self.step_location, stepped=self.stepped,
                     previous=self.previous.portable() if self.previous is not None else None, inputs=self.inputs,
                     unreplayable=self.unreplayable)
 
@@ -221,7 +223,7 @@ class Tape:
                 else:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
-                out = call_model(*args, **kwargs)
+                out = (call_model if entry.member is None else call_model.members[entry.member])(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 with replayed_at(entry.location):

@@ -244,7 +244,7 @@ class Pinpointer:
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
-                                  f"found no NaN/Inf before it, so this is an error in the task's code, not a "
+                                  f"found no NaN/Inf before it, so this is an error in the training code, not a "
                                   f"numerical one.")
             why = None
             if optimizer and check is not None:  # the update, replayed exactly, made nothing non-finite
@@ -270,14 +270,16 @@ class Pinpointer:
         return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
 
     def pinpoint_eval(self, step: int, index: int, raw, rng: dict, evaluate, check: Check | None,
-                      error: BaseException | None) -> Finding:
+                      error: BaseException | None, where: str | None = None) -> Finding:
         """The finding behind a non-finite value of the eval pass after step `step`, on held-out batch `index`
         (1-based; the finding's micro_step). `evaluate(batch)` runs the task's eval function (no_grad inside) and
         returns the values that count as harm; the caller has the model in eval mode. The batch is replayed with
         its RNG state under the tracer, its tensors marked as data origins, the tracer's module hooks registered
-        globally so that torch's inference fast paths run as they did in the pass -> a Finding in phase "eval"."""
+        globally so that torch's inference fast paths run as they did in the pass -> a Finding in phase "eval".
+        `where` opens its explanation (default: the eval pass's words)."""
         d = self.driver
-        d.log(f"  [pinpoint] replaying held-out batch {index} in eval mode under the op-level tracer...")
+        d.log(f"  [pinpoint] replaying {'that forward as it ran' if where else f'held-out batch {index} in eval mode'} "
+              f"under the op-level tracer...")
         restore_rng(rng, d.device)
         batch = move_to(raw, d.device, copy=True)
         tracer, harmed, exc = Tracer(d.model, poisoned=self.writers.names), [], None
@@ -294,7 +296,7 @@ class Pinpointer:
             origin = tracer.origin_of(harmed) or (tracer.first if exc is not None else None)
         error = error or exc
         d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
-        where = f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
+        where = where or f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
         seen = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if origin is not None and (writer := self.writers.finding_for(origin.label, step, 0, seen)) is not None:
             return writer  # the pass met a buffer that a training step wrote non-finite: that step's op
@@ -302,7 +304,7 @@ class Pinpointer:
             if error is not None or check is None:
                 raise TaskFailure(f"eval pass after step {step}, held-out batch {index}: "
                                   f"{describe_exception(error) if error else 'no value to check'}. The replay found "
-                                  f"no NaN/Inf before it, so this is an error in the task's code, not a numerical "
+                                  f"no NaN/Inf before it, so this is an error in the training code, not a numerical "
                                   f"one.")
             finding = watch_only_finding(step, index, raw, check, d.model)
         elif origin.phase == Phase.DATA:

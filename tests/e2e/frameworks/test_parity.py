@@ -16,6 +16,10 @@ The expected values, from first principles:
   sqrt(0) + 0 in step 1's update: phase optimizer, `nonfinite_parameter`, the addcdiv in `wpe`.
 - overflow_at_micro_2_of_2: batch 4 = step 2, micro-batch 2 of 2 holds finite 1e38 features; h.0.ln_1's variance
   squares them past float32's range: forward, h.0.ln_1, native_layer_norm.
+- eval_labels_ignored: training is healthy; the held-out pass after step 2 (eval mode, no_grad) meets a batch with
+  no labelled token: GPT-2's mean loss over 0 tokens is 0/0 in nll_loss, phase eval, step 2, its batch 1.
+- second_optimizer_divides_by_zero: `wpe` under an AdamW of its own with eps 0, the rest under another (only
+  `debug-nan run` trains with several optimizers): the same 0/0 as optimizer_divides_by_zero, in step 1's update.
 """
 
 import itertools
@@ -54,6 +58,9 @@ EXPECTED = {  # name -> (step, micro_step, phase, cause, module, op)
                                   "aten.addcdiv_.default"),
     "overflow_at_micro_2_of_2": (2, 2, "forward", "overflow", "transformer.h.0.ln_1",
                                  "aten.native_layer_norm.default"),
+    "eval_labels_ignored": (2, 1, "eval", "div_by_zero", "", "aten.nll_loss_forward.default"),
+    "second_optimizer_divides_by_zero": (1, 1, "optimizer", "nonfinite_parameter", "transformer.wpe",
+                                         "aten.addcdiv_.default"),
 }
 # where a framework computes another thing than the plain loop, module / op are not compared (step, micro-batch,
 # phase and cause still are)
@@ -62,14 +69,17 @@ DIFFERS = {
     # 0/0 is that division, not nll_loss's own mean
     ("hf", "every_label_ignored"): ("", "aten.div.Tensor"),
     ("run-hf", "every_label_ignored"): ("", "aten.div.Tensor"),
+    ("hf", "eval_labels_ignored"): ("", "aten.div.Tensor"),  # (its evaluation loop passes the count too)
+    ("run-hf", "eval_labels_ignored"): ("", "aten.div.Tensor"),
 }
 ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")  # and `debug-nan run` of a script using each (DRIVERS)
 
 
 def via_cli(name, run_cli, tmp_path):
     steps, accumulate = parity.BUGS.get(name, (3, 1))
+    evaluation = ("--eval-every", str(parity.EVAL_AFTER)) if parity.held_out(name) else ()
     run = run_cli("--task", f"{parity.__file__}:{name}", "--max-steps", str(steps), "--device", "cpu",
-                  "--gradient-accumulation-steps", str(accumulate))
+                  "--gradient-accumulation-steps", str(accumulate), *evaluation)
     assert run.code == (0 if name == "healthy" else 1), run.output
     return run.report["first_nonfinite"]
 
@@ -79,9 +89,10 @@ def via_monitor(name, run_cli, tmp_path):
     model, batches, make_optimizer = parity.build(name)
     optimizer = make_optimizer(model.parameters())
     stream = itertools.cycle(batches)
+    held_out = parity.held_out(name)
     try:
         with debug_nan.Monitor(model, parity.lm_loss, optimizer, accumulation_steps=accumulate) as monitor:
-            for _ in range(steps):
+            for step in range(1, steps + 1):
                 for _ in range(accumulate):
                     batch = next(stream)
                     with monitor.step(batch) as watched:
@@ -90,6 +101,8 @@ def via_monitor(name, run_cli, tmp_path):
                         (loss / accumulate).backward()
                 optimizer.step()
                 optimizer.zero_grad()
+                if held_out is not None and step == parity.EVAL_AFTER:
+                    parity.evaluate(model, held_out)
     except debug_nan.NonFiniteError as error:
         return error.finding.to_dict()
     return None
@@ -102,11 +115,14 @@ def via_lightning(name, run_cli, tmp_path):
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     model, batches, make_optimizer = parity.build(name)
 
+    held_out = parity.held_out(name)
     callback = LightningCallback()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[callback])
-    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None))
+                         enable_model_summary=False, callbacks=[callback], num_sanity_val_steps=0,
+                         val_check_interval=parity.EVAL_AFTER * accumulate if held_out else None)
+    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None),
+                DataLoader(held_out, batch_size=None) if held_out else None)
     if callback.finding is None:
         return None
     found = callback.finding.to_dict()
@@ -121,15 +137,19 @@ def via_hf(name, run_cli, tmp_path):
 
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     model, batches, make_optimizer = parity.build(name)
-    samples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(parity.BATCH)]
+    held_out = parity.held_out(name)
     optimizer = make_optimizer(model.parameters())
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # the plain loop's constant lr
+    evaluation = {"eval_strategy": "steps", "eval_steps": parity.EVAL_AFTER,
+                  "per_device_eval_batch_size": parity.BATCH} if held_out else {}
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=parity.BATCH,
         gradient_accumulation_steps=accumulate, max_steps=steps, max_grad_norm=0.0, report_to=[],
         save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, train_sampling_strategy="sequential",
-        logging_steps=1000)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, constant))
+        logging_steps=1000, **evaluation)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=parity.samples(batches),
+                                   optimizers=(optimizer, constant),
+                                   eval_dataset=parity.samples(held_out) if held_out else None)
     callback = HFCallback(trainer)
     trainer.add_callback(callback)
     trainer.train()
@@ -156,9 +176,11 @@ def via_run(framework):
 DRIVERS = {"cli": via_cli, "monitor": via_monitor, "lightning": via_lightning, "hf": via_hf,
            "run": via_run("plain"), "run-lightning": via_run("lightning"), "run-hf": via_run("hf")}
 # `debug-nan run` of a Lightning / HF script costs two framework start-ups per case: the bugs the run issue names
-RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight")
-CASES = [(name, entry) for name in EXPECTED for entry in (*ENTRY_POINTS, "run")] + [
-    (name, entry) for name in RUN_FRAMEWORK_BUGS for entry in ("run-lightning", "run-hf")]
+RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight", "eval_labels_ignored")
+CASES = [(name, entry) for name in EXPECTED if name not in parity.TWO_OPTIMIZER_BUGS
+         for entry in (*ENTRY_POINTS, "run")] + [
+    (name, entry) for name in RUN_FRAMEWORK_BUGS for entry in ("run-lightning", "run-hf")] + [
+    (name, "run") for name in parity.TWO_OPTIMIZER_BUGS]  # (the other entry points take one optimizer)
 
 
 @pytest.mark.parametrize("entry", (*ENTRY_POINTS, "run"))

@@ -23,7 +23,11 @@ BUGS = {
     "nan_batch": (4, 1),
     "optimizer_divides_by_zero": (3, 1),
     "overflow_at_micro_2_of_2": (3, 2),
+    "eval_labels_ignored": (3, 1),
+    "second_optimizer_divides_by_zero": (3, 1),
 }
+EVAL_AFTER = 2  # the held-out pass runs after this step (every entry point that evaluates)
+TWO_OPTIMIZER_BUGS = ("second_optimizer_divides_by_zero",)  # only `debug-nan run` trains with several optimizers
 
 
 def gpt2():
@@ -83,9 +87,43 @@ def build(name):
     elif name == "overflow_at_micro_2_of_2":  # batch 4 (step 2, micro-batch 2 of 2) holds finite 1e38 features
         batches = embed_batches()
         batches[3]["inputs_embeds"][0, 2] = 1e38
+    elif name in ("eval_labels_ignored", "second_optimizer_divides_by_zero"):  # training itself is healthy
+        pass
     else:
         raise KeyError(name)
     return model, batches, optimizer
+
+
+def held_out(name):
+    """The held-out batches evaluated after step EVAL_AFTER, or None where the bug needs none. eval_labels_ignored:
+    its one batch has no labelled token, so the model's own mean loss over 0 tokens is 0/0, in eval only."""
+    if name != "eval_labels_ignored":
+        return None
+    batch = token_batches(n=1, seed=3)[0]
+    batch["labels"].fill_(-100)
+    return [batch]
+
+
+def two_optimizers(model):
+    """second_optimizer_divides_by_zero: the position embeddings under their own AdamW with eps 0 (positions SEQ..15
+    never get a gradient: 0/0 in step 1's update), every other parameter under the usual AdamW."""
+    positions = model.transformer.wpe.weight
+    rest = [p for p in model.parameters() if p is not positions]
+    return [adamw(eps=0.0)([positions]), adamw()(rest)]
+
+
+def samples(batches):
+    """The batches as the HF Trainer's dataset: one dict per sample."""
+    return [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(BATCH)]
+
+
+def evaluate(model, batches):
+    """The held-out pass as a user writes it: eval mode, no_grad, the model's own loss -> the mean."""
+    model.eval()
+    with torch.no_grad():
+        losses = [lm_loss(model, batch) for batch in batches]
+    model.train()
+    return sum(losses) / len(losses)
 
 
 def lightning_module(model, make_optimizer, make_scheduler=None):
@@ -101,6 +139,9 @@ def lightning_module(model, make_optimizer, make_scheduler=None):
         def training_step(self, batch, batch_idx):
             return lm_loss(self.model, batch)
 
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", lm_loss(self.model, batch))
+
         def configure_optimizers(self):
             optimizer = make_optimizer(self.model.parameters())
             if make_scheduler is None:
@@ -113,7 +154,8 @@ def lightning_module(model, make_optimizer, make_scheduler=None):
 def _task(name):
     def make():
         model, batches, optimizer = build(name)
-        return SimpleNamespace(model=model, batches=batches, loss=lm_loss, optimizer=optimizer)
+        return SimpleNamespace(model=model, batches=batches, loss=lm_loss, optimizer=optimizer,
+                               eval_batches=held_out(name))
 
     make.__name__ = name
     return make

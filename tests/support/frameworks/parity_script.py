@@ -20,15 +20,21 @@ framework, bug, out = sys.argv[1], sys.argv[2], sys.argv[3]
 steps, accumulate = parity.BUGS.get(bug, (3, 1))
 model, batches, make_optimizer = parity.build(bug)
 
+held_out = parity.held_out(bug)
 if framework == "plain":
-    optimizer = make_optimizer(model.parameters())
+    optimizers = (parity.two_optimizers(model) if bug in parity.TWO_OPTIMIZER_BUGS
+                  else [make_optimizer(model.parameters())])
     stream = itertools.cycle(batches)
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         for _ in range(accumulate):
             loss = parity.lm_loss(model, next(stream))
             (loss / accumulate).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        for optimizer in optimizers:
+            optimizer.step()
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        if held_out is not None and step == parity.EVAL_AFTER:
+            print(f"step {step} held-out loss {parity.evaluate(model, held_out).item():.6f}")
     print(f"last loss {loss.item():.6f}")
 elif framework == "lightning":
     import lightning.pytorch as pl
@@ -36,19 +42,24 @@ elif framework == "lightning":
 
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
-    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None))
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         val_check_interval=parity.EVAL_AFTER * accumulate if held_out else None)
+    trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None),
+                DataLoader(held_out, batch_size=None) if held_out else None)
     print(f"trained {trainer.global_step} steps")
 else:
     import transformers
 
-    samples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(parity.BATCH)]
+    samples = parity.samples(batches)
     optimizer = make_optimizer(model.parameters())
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    evaluation = {"eval_strategy": "steps", "eval_steps": parity.EVAL_AFTER,
+                  "per_device_eval_batch_size": parity.BATCH} if held_out else {}
     args = transformers.TrainingArguments(
         output_dir=out, per_device_train_batch_size=parity.BATCH, gradient_accumulation_steps=accumulate,
         max_steps=steps, max_grad_norm=0.0, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-        seed=0, train_sampling_strategy="sequential", logging_steps=1000)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, constant))
+        seed=0, train_sampling_strategy="sequential", logging_steps=1000, **evaluation)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, constant),
+                                   eval_dataset=parity.samples(held_out) if held_out else None)
     trainer.train()
     print(f"trained {trainer.state.global_step} steps")

@@ -43,3 +43,27 @@ def test_the_frame_shown_is_never_the_one_that_called_debug_nan():
     assert pick_frame([tracer, tracer, tape, caller]) is None
     assert pick_frame([tracer, plumbing, tape, caller]) is None
     assert pick_frame([tracer, plumbing, forward, tape, caller]) == 2
+
+
+def test_an_error_of_a_torch_call_the_recorder_passed_on_is_the_callers():
+    """The recorder of `debug-nan run` sits on the stack of every torch call the script makes: an error of that
+    call is the script's (None), one of debug-nan's own code names debug-nan's frame."""
+    from debug_nan.drivers.run.recorder import Recorder
+    from debug_nan.frames import raising_tool_frame
+
+    recorder = Recorder()
+    recorder.install()
+    try:
+        torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))
+    except IndexError as exc:
+        script_error = exc
+    finally:
+        recorder.uninstall()
+    files = [f.filename for f in traceback.extract_tb(script_error.__traceback__)]
+    assert any(f.endswith(os.path.join("drivers", "run", "recorder.py")) for f in files)  # it was on the stack
+    assert raising_tool_frame(script_error) is None
+    try:
+        short_path(None)  # debug-nan's own code given a bad value: raises in its own frame
+    except AttributeError as exc:
+        filename, _ = raising_tool_frame(exc)
+        assert filename == os.path.join(PACKAGE_DIR, "frames.py")

@@ -57,13 +57,14 @@ def test_unrelated_bug_is_re_raised_as_is():
             raise KeyError("not a numerical problem")
 
 
-def test_a_validation_pass_between_steps_is_not_watched():
-    """Only inside step(): a NaN in an evaluation forward between steps is not the training loop's trip."""
+def test_a_validation_forward_between_steps_is_watched():
+    """Outside step(), a forward with gradients off whose output holds NaN raises NonFiniteError there: phase eval,
+    at the step before it, the masked softmax named; healthy ones between steps stay silent."""
     task = scenarios.healthy_masks()
     poisoned = scenarios.masked_softmax().batches[0]  # sample 2 has every key masked: NaN output
     optimizer = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
     monitor = debug_nan.Monitor(task.model, task.loss, optimizer)
-    for batch in task.batches[:3]:
+    for batch in task.batches[:2]:
         with monitor.step(batch) as step:
             loss = task.loss(task.model, batch)
             step.watch_loss(loss)
@@ -71,8 +72,13 @@ def test_a_validation_pass_between_steps_is_not_watched():
         optimizer.step()
         optimizer.zero_grad()
         with torch.no_grad():
-            assert torch.isnan(task.model(poisoned["x"], poisoned["valid"])).any()
-    assert monitor.steps == 3
+            task.model(batch["x"], batch["valid"])
+    with torch.no_grad(), pytest.raises(debug_nan.NonFiniteError) as raised:
+        task.model(poisoned["x"], poisoned["valid"])
+    f = raised.value.finding
+    assert (f.phase, f.step, f.micro_step, f.op, f.cause) == \
+        ("eval", 2, 2, "aten._softmax.default", "all_masked_softmax")
+    assert monitor.steps == 2
 
 
 def test_close_removes_the_hooks_and_ends_the_monitor():
