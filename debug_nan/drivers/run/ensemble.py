@@ -61,10 +61,6 @@ class Models(nn.Module):
         for i, p in enumerate(loose):
             self.register_parameter(_unique(script_name(p, f"parameter{i}"), taken), p)
 
-    def member_index(self, module: nn.Module) -> int | None:
-        module = bare(module)
-        return next((i for i, m in enumerate(self.members) if m is module), None)
-
     def describe(self) -> str:
         names = [n for n, _ in self.named_children()] + [n for n, _ in self.named_parameters(recurse=False)]
         return " + ".join(names)
@@ -161,6 +157,14 @@ class Optimizers:
     @property
     def defaults(self) -> dict:
         return self.members[0].defaults
+
+    def locate(self, index: int) -> tuple[object, str, int]:
+        """(the optimizer, its name in the script, its own index) of param group `index` of param_groups."""
+        for optimizer, name in zip(self.members, self.names):
+            if index < len(optimizer.param_groups):
+                return optimizer, name, index
+            index -= len(optimizer.param_groups)
+        raise IndexError(index)
 
     def describe(self, i: int) -> str:
         return f"{type(self.members[i]).__name__} `{self.names[i]}`"

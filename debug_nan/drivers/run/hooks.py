@@ -193,8 +193,8 @@ class Hooks(WatchedOptimizer):
                 self._calls[-1] = tape.model_call((), {})
             else:
                 self._calls[-1] = tape.model_call(args, kwargs)
-            if self.models is not None:  # (several models: which one the replay calls)
-                self._calls[-1].member = self.models.member_index(module)
+            if self.models is not None:  # (several optimizers: which of the models the replay calls)
+                self._calls[-1].member = self.model_path(module)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         if self.is_paused or not self._calls:
@@ -222,7 +222,7 @@ class Hooks(WatchedOptimizer):
         elif self.root is None:
             if not self._adopt(module):
                 return
-        elif not (self._is_model(module) if self.models is not None else module is self.root):
+        elif not (self._is_model(module) if self.several else module is self.root):
             return
         self.flush_step()
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
@@ -241,7 +241,7 @@ class Hooks(WatchedOptimizer):
         if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
                 and not any(r() is not None for r in self.other_optimizers):
             self._adopt_by_backward(tensors)
-        if not self.open and self.models is not None and not self.in_backward and not self.is_paused:
+        if not self.open and self.several and not self.in_backward and not self.is_paused:
             self._open_micro(None, (), {})
         if not self.open or self.in_backward or self.is_paused:
             with calls_through:

@@ -18,7 +18,7 @@ import weakref
 import torch
 from torch import nn
 
-from debug_nan.drivers.run.ensemble import Models, Optimizers, cover, watched_set
+from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
 from debug_nan.drivers.run.model_calls import bare, leaves_reached, optimizer_params, owners
 from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped
@@ -27,7 +27,8 @@ from debug_nan.errors import InputError
 
 
 class WatchedOptimizer:
-    models: Models | None = None  # several models (or bare parameters): the container the session watches
+    models: nn.Module | None = None  # several optimizers: the one module that holds their parameters (or a Models)
+    _paths: dict = {}  # ... and where each of its modules sits in it (id -> dotted path)
     step_pending = False  # several optimizers: a step was taken and another may join it before the next forward
 
     # -- optimizers created, models hooked ---------------------------------------------------------------------
@@ -71,8 +72,13 @@ class WatchedOptimizer:
 
     def _is_model(self, module: nn.Module) -> bool:
         if self.models is not None:
-            return self.models.member_index(module) is not None
+            return id(bare(module)) in self._paths
         return module is self.root or bare(module) is bare(self.root)
+
+    def model_path(self, module: nn.Module) -> str:
+        """Several optimizers: where the module the script called sits in the watched model (its replay calls it
+        there again): "netD" in a Models, "gen" in a LightningModule holding a GAN's two models, "" for itself."""
+        return self._paths[id(bare(module))]
 
     def _adopt(self, module: nn.Module) -> bool:
         """Whether `module` is (one of) the watched model(s). The first time, what is watched is decided: the
@@ -92,10 +98,10 @@ class WatchedOptimizer:
             return True
         if not any(optimizer_params(o) & ids for o in live):  # its optimizer is gone already: not trained
             return False
-        model, self.optimizer = watched_set(live)
-        self.models = model if isinstance(model, Models) else None
-        self.root, self.other_optimizers = (model if self.models is not None else module), []
-        self.listener.attach(model, self.optimizer)
+        self.models, self.optimizer = watched_set(live)
+        self._paths = {id(m): name for name, m in self.models.named_modules()}
+        self.root, self.other_optimizers = self.models, []
+        self.listener.attach(self.models, self.optimizer)
         return self._is_model(module)
 
     # -- which optimizer steps ---------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class Entry:
     spec: object  # their tree structure
     outputs: list  # the slot of each tensor output, in the output's flattened order (None: not a tensor)
     location: tuple | None = None  # (filename, lineno) of the user's line that made the call
-    member: int | None = None  # a model call where the run trains several models: which (ensemble.Models)
+    member: str | None = None  # a model call where the run has several optimizers: the module's path in the model
 
 
 class _ModelCall:
@@ -223,7 +223,7 @@ class Tape:
                 else:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
-                out = (call_model if entry.member is None else call_model.members[entry.member])(*args, **kwargs)
+                out = (call_model if entry.member is None else call_model.get_submodule(entry.member))(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 with replayed_at(entry.location):

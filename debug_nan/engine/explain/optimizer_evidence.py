@@ -45,6 +45,13 @@ def _nonfinite_lr(hyper: StepHyperparameters) -> list[tuple[int, float]]:
     return out
 
 
+def _located(optimizer, index: int) -> tuple[object, str, int]:
+    """(the optimizer that holds param group `index`, the name to write it with, its index there). Where a run has
+    several optimizers (`debug-nan run`'s view of them, with `locate`), the script's own optimizer and its name."""
+    locate = getattr(optimizer, "locate", None)
+    return locate(index) if locate is not None else (optimizer, "optimizer", index)
+
+
 def optimizer_explanation(optimizer, hyper: StepHyperparameters | None, param, what: str,
                           evidence: str) -> tuple[str, list[str] | None]:
     """(explanation, suggestions that replace the cause's, or None) for an origin in `optimizer`'s step that made
@@ -55,24 +62,27 @@ def optimizer_explanation(optimizer, hyper: StepHyperparameters | None, param, w
                 ["Check the step size and every factor of the hand-written update at that line (a learning rate or "
                  "a schedule gone non-finite, a division by a norm or a count that is 0), or use a torch.optim "
                  "optimizer."])
-    kind = type(optimizer).__name__
     if hyper is None:  # no record of the step's values: the groups as they are now
         hyper = read_hyperparameters(optimizer)
     group = hyper.param_group.get(id(param), 0) if param is not None else 0
     settings = hyper.groups[group] if group < len(hyper.groups) else {}
     bad = _nonfinite_lr(hyper)
     if not bad:
-        return (f"The {kind} step made {what} non-finite although every gradient going in was finite: {evidence} "
-                f"(this parameter group's settings in optimizer.param_groups[{group}]: {settings}).", None)
+        holder, name, local = _located(optimizer, group)
+        return (f"The {type(holder).__name__} step made {what} non-finite although every gradient going in was "
+                f"finite: {evidence} (this parameter group's settings in {name}.param_groups[{local}]: {settings}).",
+                None)
     index, lr = bad[0]
+    holder, name, index = _located(optimizer, index)
+    kind = type(holder).__name__
     by = (f"the schedule {hyper.scheduler} set it after {hyper.scheduler_step} of its steps"
           if hyper.scheduler is not None else "no scheduler is attached: something wrote it into the group")
-    explanation = (f"The learning rate is {lr} in optimizer.param_groups[{index}] (optimizer.defaults still says "
-                   f"{optimizer.defaults.get('lr')}): {by}, and the {kind} step multiplied every update by it, so "
+    explanation = (f"The learning rate is {lr} in {name}.param_groups[{index}] ({name}.defaults still says "
+                   f"{holder.defaults.get('lr')}): {by}, and the {kind} step multiplied every update by it, so "
                    f"{what} became non-finite although every gradient going in was finite. The op: {evidence}")
     if hyper.scheduler is None:  # the loop sets the lr itself: its own formula is the suspect
         suggestions = [
-            f"Find the code that writes optimizer.param_groups[{index}]['lr'] (no torch.optim.lr_scheduler is "
+            f"Find the code that writes {name}.param_groups[{index}]['lr'] (no torch.optim.lr_scheduler is "
             f"attached, so the training loop sets it itself): print the value it computes for the last steps; it "
             f"must stay finite for every step the run takes.",
             "A formula such as (1 - step / max_steps) ** power past max_steps raises a negative number to a "

@@ -106,11 +106,53 @@ for step in range(5):
     print(f"step {{step}} loss {{loss.item():.4f}}")
 """
 
+LIGHTNING_GAN = """\
+import torch
+import torch.nn as nn
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+
+
+class GAN(pl.LightningModule):  # manual optimization: training_step steps both optimizers itself
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.gen = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        self.bce = nn.BCEWithLogitsLoss()
+
+    def training_step(self, batch, i):
+        (real,) = batch
+        opt_g, opt_d = self.optimizers()
+        fake = self.gen(torch.randn(real.shape[0], 4))
+        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+        loss_d = self.bce(self.disc(real), ones) + self.bce(self.disc(fake.detach()), zeros)
+        opt_d.zero_grad()
+        self.manual_backward(loss_d)
+        opt_d.step()
+        loss_g = self.bce(self.disc(fake), ones)
+        opt_g.zero_grad()
+        self.manual_backward(loss_g)
+        opt_g.step()
+
+    def configure_optimizers(self):
+        return [torch.optim.Adam(self.gen.parameters(), lr=2e-3), torch.optim.SGD(self.disc.parameters(), lr={lr_d})]
+
+
+trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu")
+trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(64, 2) * 0.5 + 2), batch_size=16))
+print("trained", trainer.global_step)
+"""
+
 
 @pytest.mark.parametrize("name, source, steps", [("gan", GAN.format(lr_d="2e-3"), 10),
                                                  ("actor_critic", ACTOR_CRITIC, 8),
                                                  ("halves", HALVES.format(bad_lr="0.1"), 5),
-                                                 ("clip", CLIP.format(jump="0.0"), 5)])
+                                                 ("clip", CLIP.format(jump="0.0"), 5),
+                                                 ("lightning_gan", LIGHTNING_GAN.format(lr_d="2e-3"), 8)])
 def test_healthy_scripts_of_several_models_run_as_they_do_alone(tmp_path, run_here, name, source, steps):
     write(tmp_path, source)
     alone = plain("script.py", cwd=tmp_path)
@@ -141,7 +183,9 @@ def test_an_optimizer_of_one_half_of_a_model_is_replayed_alone_in_its_step(tmp_p
     assert done.code == 1, stderr
     f = done.report["findings"][0]
     assert (f["step"], f["phase"], f["source"]) == (3, "optimizer", "script.py:16"), f
-    assert f["op"].startswith("aten.") and "model.0.weight" in f["explanation"]
+    assert f["op"].startswith("aten.") and f["module"] == "0"  # the embedding, named as in the model itself
+    assert "The learning rate is inf in embedding_opt.param_groups[0] (embedding_opt.defaults still says 0.1)" \
+        in f["explanation"]
 
 
 def test_a_bare_parameter_no_module_owns_is_watched(tmp_path, run_here):
@@ -154,3 +198,15 @@ def test_a_bare_parameter_no_module_owns_is_watched(tmp_path, run_here):
     said = " ".join(stderr.split())
     assert "watching image_encoder + text_encoder + logit_scale (961 parameters) and its optimizer AdamW " \
            "`optimizer`" in said
+
+
+def test_a_lightning_gan_with_manual_optimization_is_watched(tmp_path, run_here):
+    """Lightning's manual optimization (two optimizers stepped in training_step): the LightningModule holds both
+    models; the generator's and discriminator's calls are replayed where they sit in it (`gen`, `disc`)."""
+    pytest.importorskip("lightning.pytorch")
+    write(tmp_path, LIGHTNING_GAN.format(lr_d="1e25"))
+    done, _, stderr = run_here("python", "script.py")
+    assert done.code == 1, stderr
+    f = done.report["findings"][0]
+    assert (f["step"], f["micro_step"], f["phase"], f["module"], f["op"], f["cause"]) == \
+        (2, 1, "forward", "disc.2", "aten.addmm.default", "overflow")
