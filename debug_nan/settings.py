@@ -76,6 +76,7 @@ class RunSettings:
     eval_every: int | None = None  # an eval pass every N optimizer steps, and one at the end; None: none
     eval_batches: int | None = None  # held-out batches per eval pass (None: all of them)
     eval_samples: int | None = None  # built-in pipeline: samples held out (None: 1/8, at least one batch)
+    fsdp: bool = False  # under torchrun: shard the model with FSDP2 (drivers/trainer/sharding.py) instead of DDP
     # checks
     trace_every_step: bool = False
     keep_going: bool = False
@@ -107,7 +108,7 @@ SECTIONS = {
               "asv_encoder", "asv_chunk_size", "nuc_weight", "unifrac_weight"),
     "train": ("task", "device", "max_steps", "gradient_accumulation_steps", "lr", "weight_decay", "warmup_steps",
               "max_grad_norm", "precision", "seed", "checkpoint", "checkpoint_non_strict", "checkpoint_unsafe_load",
-              "skip_batches", "eval_every", "eval_batches", "eval_samples"),
+              "skip_batches", "eval_every", "eval_batches", "eval_samples", "fsdp"),
     "checks": ("trace_every_step", "keep_going", "explosion_threshold", "explosion_growth", "snapshot",
                "snapshot_every", "outputs_every"),
     "output": ("report", "log", "plot", "bundle_dir", "bundle", "history", "quiet", "tensorboard"),
@@ -249,6 +250,9 @@ def validate(s: RunSettings) -> None:
         raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
                          f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or device), or "
                          "--stop-at-first.")
+    if s.fsdp and s.checkpoint:
+        raise InputError("--fsdp with --checkpoint is not supported yet: the checkpoint is loaded into the unsharded "
+                         "model; resume without --fsdp (DDP), or shard your own script under `debug-nan run`.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:
             raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

@@ -248,6 +248,38 @@ def run_overhead(check, item) -> None:
     item.summary = "; ".join(said)
 
 
+def fsdp2_run(check, item) -> None:
+    """`torchrun -m debug_nan run` on an FSDP2 (`fully_shard`) script, NCCL on CUDA (one GPU per rank, up to 2),
+    gloo on the CPU: a healthy run prints exactly its own output, a learning rate of 1e30 is named with its step,
+    phase, module, op and rank."""
+    import torch
+
+    ranks = min(2, torch.cuda.device_count()) if check.cuda else 2
+    script = str(REPO / "tests" / "support" / "run" / "shard_script.py")
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    device = "cuda" if check.cuda else "cpu"
+    plain = check.run(item, [*torchrun, script, "--shard", "fsdp2", "--device", device])
+    healthy = check.folder(item, "healthy") / "report.json"
+    watched = check.run(item, [*torchrun, "-m", "debug_nan", "run", "--report", healthy, "--", script,
+                               "--shard", "fsdp2", "--device", device])
+    steps = [line for line in watched.out.splitlines() if line.startswith("step ")]
+    item.expect(plain.rc == 0 and watched.rc == 0 and report_of(healthy).get("status") == "clean"
+                and steps == [ln for ln in plain.out.splitlines() if ln.startswith("step ")] and len(steps) == 4,
+                f"healthy: plain exit {plain.rc}, watched exit {watched.rc}: {tail_line(watched.out)}")
+    broken = check.folder(item, "lr") / "report.json"
+    done = check.run(item, [*torchrun, "-m", "debug_nan", "run", "--report", broken, "--", script,
+                            "--shard", "fsdp2", "--bug", "lr", "--device", device])
+    first = report_of(broken).get("first_nonfinite") or {}
+    found = {**finding_of(report_of(broken)), "rank": first.get("rank"), "first_ranks": first.get("first_ranks")}
+    item.figures = {"ranks": ranks, "backend": "nccl" if check.cuda else "gloo", "healthy_exit": watched.rc,
+                    "lr_exit": done.rc, **found}
+    item.expect(done.rc != 0 and found["step"] == 2 and found["phase"] == "forward" and found["rank"] == 0
+                and (found["module"] or "").startswith("cascade_stages.") and found["cause"] == "overflow",
+                f"lr 1e30: exit {done.rc}, finding {found}: {tail_line(done.out)}")
+    item.summary = (f"{ranks} rank(s), {item.figures['backend']}: healthy exit {watched.rc}; lr 1e30 -> step "
+                    f"{found['step']} {found['phase']} {found['module']} {found['op']} rank {found['rank']}")
+
+
 IN_PROCESS = [("watch_syncs", "host syncs per watched micro-batch (promise: 1)", watch_syncs),
               ("all_masked_sdpa", "all-masked row, SDPA flash / memory-efficient -> all_masked_softmax",
                all_masked_sdpa)]
@@ -255,6 +287,7 @@ POOLED = [  # the longest first
     ("demo_job", "main job on the demo data, fp32 / bf16 / fp16, guards / --no-guards", demo_job),
     ("cuda_tests", "CUDA-only tests + watch sync tests (pytest)", cuda_tests),
     ("gpt_run", "`debug-nan run` on a small GPT with embeddings, no --deterministic", gpt_run),
+    ("fsdp2_run", "`torchrun -m debug_nan run` on FSDP2 (NCCL on CUDA): clean output, lr 1e30 named", fsdp2_run),
     ("memory", "peak memory, watched vs plain, each --snapshot mode", memory),
     ("all_masked_encoder", "all-masked row, nn.TransformerEncoder fast path (eval pass)", all_masked_encoder)]
 ALONE = [("oom", "a real CUDA out-of-memory: exit 2 naming the sizes", oom),

@@ -75,6 +75,8 @@ RUN_OPTIONS = [
     _opt("--eval-batches", type=int, help="Held-out batches per eval pass [default: all]."),
     _opt("--eval-samples", type=int, help="Built-in pipeline: samples held out for the eval pass [default: 1/8, "
                                           "at least one batch]."),
+    _opt("--fsdp/--ddp", help="Under torchrun: shard the model with FSDP2 (fully_shard on every block of a "
+         "ModuleList and on the root) instead of wrapping it in DDP. [default: ddp]"),
     _opt("--trace-every-step/--no-trace-every-step", help="Print the full layer-by-layer trace every step."),
     _opt("--keep-going/--stop-at-first", help="Record a finding and go on (skipping that step's update) instead "
                                               "of stopping. [default: stop]"),

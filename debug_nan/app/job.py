@@ -135,7 +135,8 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
     Under torchrun every rank learns whether any rank failed to build the task before DDP's first collective."""
     header(log, s, device)
     if ctx:
-        log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), DistributedDataParallel, "
+        log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), "
+            f"{'FSDP2 (--fsdp)' if s.fsdp else 'DistributedDataParallel'}, "
             f"{'NCCL' if device.type == 'cuda' else 'gloo'}; rank 0 writes the log and the report")
     failure = None
     try:

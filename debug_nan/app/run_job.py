@@ -26,6 +26,7 @@ from debug_nan.drivers.run.ensemble import Models, Optimizers
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
+from debug_nan.engine.sharded import user_class
 from debug_nan.errors import CommandRaised, InputError, describe_exception
 from debug_nan.frames import raising_tool_frame, short_path
 from debug_nan.presentation.log import Log, error_line
@@ -77,17 +78,17 @@ class RunListener:
         count = sum(p.numel() for p in model.parameters())
         if isinstance(optimizer, Optimizers):
             optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
-            named = model.describe() if isinstance(model, Models) else type(model).__name__
+            named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
             self.log(f"[debug-nan] watching {named} ({count:,} parameters) and "
                      f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
                      f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
                      f"together, with no forward between them, one step)")
         elif optimizer is None:
-            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters), whose weights the script "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
         else:
-            self.log(f"[debug-nan] watching {type(model).__name__} ({count:,} parameters) and its "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters) and its "
                      f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
         if ctx is not None:
             self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "

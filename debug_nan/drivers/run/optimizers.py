@@ -20,6 +20,7 @@ from torch import nn
 
 from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
 from debug_nan.drivers.run.model_calls import bare, leaves_reached, optimizer_params, owners
+from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.drivers.run.wrappers import wraps
 from debug_nan.engine.watch.module_hooks import keep_out_of_copies
@@ -87,13 +88,14 @@ class WatchedOptimizer:
         if self.root is not None:
             return self._is_model(module)
         model = bare(module)
-        ids = {id(p) for p in model.parameters()}
+        ids = held_parameter_ids(model)  # (FSDP2: the sharded parameters the optimizer holds)
         live = [o for o in (r() for r in self.other_optimizers) if o is not None]
         mine = [o for o in live if optimizer_params(o) <= ids]
         if (len(mine) == 1 and len(live) == 1) or (not live and self.manual):
             self.root, self.optimizer = module, mine[-1] if mine else None
             self.other_optimizers = []
-            self.listener.attach(model, self.optimizer)
+            with sharded_view(model):  # (FSDP2: the watch and the copy read the optimizer's sharded parameters)
+                self.listener.attach(model, self.optimizer)
             return True
         if not any(optimizer_params(o) & ids for o in live):  # its optimizer is gone already: not trained
             return False
@@ -129,7 +131,7 @@ class WatchedOptimizer:
         if optimizer in self.retired or self.stepped_this_step or not any(
                 r() is optimizer for r in self.other_optimizers):
             return False
-        if not optimizer_params(optimizer) <= {id(p) for p in self.root.parameters()}:
+        if not optimizer_params(optimizer) <= held_parameter_ids(self.root):
             return False
         self.retired.add(self.optimizer)
         self.other_optimizers = [r for r in self.other_optimizers if r() is not optimizer]

@@ -27,6 +27,7 @@ from debug_nan.drivers.trainer.checkpoint import resume, skip_batches
 from debug_nan.drivers.trainer.device import resolve_device
 from debug_nan.drivers.trainer.evaluate import EvalPass
 from debug_nan.drivers.trainer.overlap import OverlappedAllReduce
+from debug_nan.drivers.trainer.sharding import shard_model
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.session.agreement import RankAgreement, RunAborted
@@ -35,6 +36,7 @@ from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentStep
 from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import Precision, scaled_step
 from debug_nan.engine.session.session import StepSession
+from debug_nan.engine.sharded import locals_of
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.stats import move_to
 from debug_nan.engine.watch.watch import Watch
@@ -57,6 +59,12 @@ class Trainer:
         frozen = enter_training_mode(self.model)
         if frozen:
             log(f"NOTICE: kept in eval mode, as the task left them: {', '.join(p or '<model>' for p in frozen)}.")
+        self.sharded = bool(settings.fsdp and dist_ctx is not None)  # --fsdp: FSDP2 instead of DDP (sharding.py)
+        if self.sharded:  # before the optimizer, which holds the sharded parameters; a rank that failed to build its
+            agree_on_setup(dist_ctx, self.device, None)  # task stops every rank here (the broadcast is a collective)
+            units = shard_model(self.model, self.device)
+            log(f"  fsdp: the model sharded with FSDP2 over {dist_ctx.world} ranks ({units} units: each block of a "
+                f"ModuleList, and the root); each rank watches and copies its own shards")
         self.recipe = build_recipe(task, settings, [p for p in self.model.parameters() if p.requires_grad], log)
         self.optimizer, self.scheduler = self.recipe.optimizer, self.recipe.scheduler
         self.s = replace(settings, max_grad_norm=self.recipe.max_grad_norm)  # the settings as this run uses them
@@ -68,11 +76,11 @@ class Trainer:
         self.watch.detailed = settings.trace_every_step
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
-            if dist_ctx is not None else None
+            if dist_ctx is not None and not self.sharded else None  # (FSDP reduce-scatters in the backward)
         self.agreement = RankAgreement(dist_ctx, self.device, log) if dist_ctx is not None else None
         self.session = StepSession(self, SessionPolicies.from_settings(
             settings, "cli", scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
-            averaged_after_watch=dist_ctx is not None, scheduler=self.scheduler), self.watch)
+            averaged_after_watch=dist_ctx is not None and not self.sharded, scheduler=self.scheduler), self.watch)
         self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")
@@ -82,7 +90,7 @@ class Trainer:
         self.wrapped = self.model  # what the training step calls: DDP under torchrun
         if dist_ctx is not None:  # the first collective, once every rank got this far (a rank that raised above
             agree_on_setup(dist_ctx, self.device, None)  # makes the runner call the same agreement: all raise)
-            self.wrapped = wrap_ddp(self.model, self.device)
+            self.wrapped = self.model if self.sharded else wrap_ddp(self.model, self.device)
             torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
 
     @property
@@ -119,7 +127,7 @@ class Trainer:
         self.clip_and_step(None)
 
     def average_gradients(self) -> None:
-        if self.dist is not None:
+        if self.dist is not None and not self.sharded:  # (FSDP reduce-scattered them in the replayed backward)
             average_gradients(self.watch.named_params, self.dist)
 
     def watch_paused(self):
@@ -128,6 +136,7 @@ class Trainer:
     def clip_and_step(self, grad_norms: list[torch.Tensor] | None) -> None:
         """Clip with the norms the watch already computed (no second pass), then step (the scaler may skip)."""
         grads = [p.grad for _, p in self.watch.named_params if p.grad is not None]
+        grads = locals_of(grads) if self.sharded else grads  # (the watch's norms are the global ones)
         clip = self.recipe.max_grad_norm
         if clip and grads:
             norms = grad_norms if grad_norms else torch._foreach_norm(grads)
@@ -233,7 +242,7 @@ class Trainer:
         error = abort = grad_norms = None
         # DDP's own reducer stays idle (no_sync): on the last micro-batch drivers/trainer/overlap.py averages the gradients
         reducer = self.reducer if last else None
-        no_sync = self.wrapped.no_sync() if self.dist is not None else nullcontext()
+        no_sync = self.wrapped.no_sync() if self.dist is not None and not self.sharded else nullcontext()
         if reducer is not None:
             reducer.arm()  # before anything can raise: finish() below then issues this step's all-reduces
         try:

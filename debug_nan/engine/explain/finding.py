@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
+from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
 from debug_nan.engine.watch.watch import Check
@@ -43,6 +44,7 @@ class Finding:
     detected_by: str = "replay"  # "replay" | "watch" | "data check" | "gradient history"
     rank: int | None = None  # under torchrun: the rank that pinpointed (the first to see it)
     first_ranks: list[int] | None = None  # every rank that saw it in the earliest phase
+    rank_origins: dict[str, str] | None = None  # under torchrun, when several ranks replayed: what each one found
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
 
     def __post_init__(self):
@@ -50,6 +52,7 @@ class Finding:
         # keeps the plain string, so reports and bundles hold no Python enum
         self.cause = Cause(self.cause).value
         self.phase = Phase(self.phase).value
+        self.module = user_path(self.module)  # (every entry point's finding names modules as the user wrote them)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,9 +63,10 @@ def module_type(model: nn.Module, path: str) -> str:
     if not path:
         return ""
     try:
-        return type(model.get_submodule(path)).__name__
-    except AttributeError:
-        return ""
+        return user_class(type(model.get_submodule(path))).__name__
+    except AttributeError:  # a path shown without its wrappers (FSDP1's `_fsdp_wrapped_module.`): the inner module
+        found = [m for name, m in model.named_modules() if user_path(name) == path]
+        return user_class(type(found[-1])).__name__ if found else ""
 
 
 def sample_ids(batch) -> list[str] | None:

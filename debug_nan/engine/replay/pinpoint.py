@@ -35,6 +35,7 @@ from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
 from debug_nan.engine.replay.trip import Trip
+from debug_nan.engine.sharded import has_fsdp, local
 from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
@@ -49,6 +50,7 @@ class Pinpointer:
         self.writers = BufferWriters()  # buffers that went non-finite, and the op that wrote each
         self.facts = ReplayFacts()  # what the last replay saw besides its origin (engine/explain/explain.py)
         self.live: LiveTrace | None = None  # a micro-batch traced as it ran (`run --trace-at`), to explain at its trip
+        self.sharded = has_fsdp(driver.model)  # FSDP: every replay runs the backward (its collectives) on every rank
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -99,9 +101,10 @@ class Pinpointer:
                         self.facts.hyper = (read_hyperparameters(d.optimizer, inputs.snapshot.scheduler)
                                        if d.optimizer is not None else None)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
-                            tracer.mark(t, name, "optimizer")
+                            tracer.mark(local(t), name, "optimizer")
                         optimizer_step(d, inputs.update)
-                        harmed = [t for _, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer)]
+                        harmed = [local(t) for _, t in param_and_state_tensors(d.model.named_parameters(),
+                                                                               d.optimizer)]
                     else:
                         for path, t in flat_tensors(batch):
                             tracer.mark(t, path, "data")
@@ -111,8 +114,10 @@ class Pinpointer:
                         self.facts.loss_harmed = tracer.origin_of(harmed) is not None
                         if not self.facts.loss_harmed:  # a finite loss: the harm is in the gradients
                             d.backward(loss)
-                            named = [(n, p.grad) for n, p in d.model.named_parameters() if p.grad is not None]
+                            named = [(n, local(p.grad)) for n, p in d.model.named_parameters() if p.grad is not None]
                             harmed = [g for _, g in named]
+                        elif self.sharded:  # every rank's backward takes part in FSDP's reduce-scatters
+                            d.backward(loss)
                 except Exception as e:  # the same exception as in the run, usually
                     if is_out_of_memory(e) or isinstance(e, NotReplayable):
                         raise

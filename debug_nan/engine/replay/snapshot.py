@@ -28,6 +28,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from debug_nan.engine.sharded import local, locals_of
+
 
 def capture_rng(device: torch.device) -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -132,6 +134,8 @@ class Snapshot:
         self._host = mode in ("host", "params")
         self._params = [p for p in model.parameters()]
         self._param_ids = {id(p) for p in self._params}
+        # FSDP2 / DTensor: each rank copies and restores its own shards (the same storage as the parameter)
+        self._param_data = locals_of(self._params)
         # buffers too: BatchNorm running statistics (and any custom buffer) change in every forward
         self._buffers = [b for b in model.buffers()]
         self._modules = [m for m in model.modules()]
@@ -147,7 +151,7 @@ class Snapshot:
             return
         # asynchronous only when the optimizer's pre-hook can fence the copy: without an optimizer (the API's
         # Monitor without one) whoever updates the parameters is unknown, so the copy is queued on the compute stream
-        self._param_copies = _Copies([p.detach() for p in self._params], self._host, side=optimizer is not None)
+        self._param_copies = _Copies([p.detach() for p in self._param_data], self._host, side=optimizer is not None)
         # buffers are written by the forward, right after save(): they go on the compute stream, in its order
         self._buffer_copies = _Copies([b.detach() for b in self._buffers], self._host, side=False)
         if optimizer is not None and any(device is not None for device in self._param_copies.groups):
@@ -219,7 +223,7 @@ class Snapshot:
             had.add(pid)
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor):
-                    tensors.append((pid, key, value))
+                    tensors.append((pid, key, local(value)))
                 else:
                     other.setdefault(pid, {})[key] = copy.deepcopy(value)
         return tensors, other, had
@@ -250,7 +254,7 @@ class Snapshot:
                 self._buffer_copies, self._staged = self._staged, self._buffer_copies
             elif self._buffers:
                 torch._foreach_copy_(self._buffer_copies.copies, self._buffers, non_blocking=self._host)
-            self._copy_out(self._param_copies, self._params)  # (under no_grad: no detach() per tensor)
+            self._copy_out(self._param_copies, self._param_data)  # (under no_grad: no detach() per tensor)
             state, other, had = self._scan_optimizer()
             state = state if self.keeps_optimizer else []
             keys = [(pid, k) for pid, k, _ in state]
@@ -274,7 +278,7 @@ class Snapshot:
             m.training = training  # the flag alone: a module's train() override is not re-run mid-step
         with torch.no_grad():
             # host -> device from pinned memory, queued on the compute stream: ordered before what follows
-            for live, saved in ((self._params, self._param_copies), (self._buffers, self._buffer_copies)):
+            for live, saved in ((self._param_data, self._param_copies), (self._buffers, self._buffer_copies)):
                 if live:
                     torch._foreach_copy_([t.data for t in live], saved.copies, non_blocking=self._host)
         for p in self._params:
@@ -311,7 +315,7 @@ class Snapshot:
             by_id = {id(p): p for p in self._params}
             for (pid, key), saved in zip(self._state_keys, self._state.copies if self._state else []):
                 if pid in self._other_state["had_state"]:
-                    self.optimizer.state[by_id[pid]][key].copy_(saved, non_blocking=self._host)
+                    local(self.optimizer.state[by_id[pid]][key]).copy_(saved, non_blocking=self._host)
             for p in self._params:
                 for k, v in self._other_state["optimizer_nontensor"].get(id(p), {}).items():
                     self.optimizer.state[p][k] = copy.deepcopy(v)

@@ -144,6 +144,13 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+def gather_objects(obj, ctx: DistContext) -> list:
+    """Every rank's `obj` (picklable), by rank, on every rank."""
+    out = [None] * ctx.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def broadcast(obj, src: int):
     box = [obj]
     dist.broadcast_object_list(box, src=src)

@@ -33,10 +33,15 @@ from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import unscaled
 from debug_nan.engine.session.repro import repro_state
 from debug_nan.engine.session.unreplayed import interrupted_pinpoint, unreplayed_finding
+from debug_nan.engine.sharded import has_fsdp
 from debug_nan.engine.stats import capture_batch
 from debug_nan.engine.vocabulary import CheckKind, Phase, adapt_advice
 from debug_nan.engine.watch.history import History, StepRecord
 from debug_nan.engine.watch.watch import Watch
+
+
+SHARDED_UPDATE = ("the model is sharded (FSDP): the op-level tracer does not follow an optimizer step over sharded "
+                  "parameters (DTensors) yet")
 
 
 class StepSession:
@@ -46,6 +51,9 @@ class StepSession:
         self.log = driver.log
         self.scaler = policies.scaler
         self.watch = watch or Watch(self.model, self.optimizer)
+        self.sharded = has_fsdp(self.model)
+        if policies.agreement is not None:  # FSDP: a trip is replayed on every rank together (agreement.py)
+            policies.agreement.together = self.sharded
         # one snapshot: step k + 1 saves into it only once its first sync found step k's update finite
         self.snapshot = Snapshot(self.model, self.optimizer, self.scaler, policies.scheduler, policies.snapshot_mode)
         self.pinpointer = Pinpointer(driver)
@@ -256,6 +264,8 @@ class StepSession:
             return None
         self.log(f"  [watch] TRIP at step {record.step}: gradient norm {record.grad_norm:.4g} (explosion)", "red")
         finding = explosion_finding(record, hit[1], self.history.steps, self.micro, threshold, self.model)
+        if self.p.agreement is not None:  # (every rank is here at the same step: the norms are the same on all)
+            self.p.agreement.name_explosion(finding, self.history.steps)
         return adapt_advice(finding, self.p.dialect)
 
     def pinpoint(self, o: MicroOutcome, trace: bool = True) -> Finding | None:
@@ -267,7 +277,8 @@ class StepSession:
         kind = trip.check.kind if trip.check is not None else None
         replayable = snap.kept and kind != CheckKind.DATA and (not trip.optimizer or snap.keeps_optimizer)
         try:
-            why = self.copies.at(trip.inputs) if replayable else None  # (for an update: a re-run, maybe)
+            why = self.copies.at(trip.inputs) if replayable and not (trip.optimizer and self.sharded) else \
+                SHARDED_UPDATE if replayable else None  # (for an update: a re-run, maybe)
             if (kind != CheckKind.DATA and not replayable) or why:
                 finding = unreplayed_finding(trip, self.model, self.log, snap.kept, why)
             else:
@@ -281,6 +292,10 @@ class StepSession:
     def save_bundle(self, finding: Finding | None, o: MicroOutcome) -> None:
         """The finding's repro bundle, written by the rank that pinpointed (the state is read from the snapshot)."""
         if finding is None or self.p.bundle_sink is None or finding.detected_by == "gradient history":
+            return
+        if self.p.agreement is not None and self.p.agreement.together:  # (its state dict is a collective too)
+            self.log("  [bundle] no repro bundle: the model is sharded (FSDP), and its replay needs every rank's "
+                     "shards and process group, which a bundle replayed alone does not have.", "yellow")
             return
         trip = o.trip
         optimizer = trip is not None and trip.optimizer and finding.phase == Phase.OPTIMIZER

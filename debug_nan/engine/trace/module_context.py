@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.frames import replayed_source, source_from_stack_lines, user_frame_inside
 
 TAG = "debug_nan_module"
@@ -47,7 +48,8 @@ class ModuleContext:
     def __init__(self, model: nn.Module, on_output=None):
         """on_output(output, path): called after each module's forward (with the module's output and path)."""
         self.model = model
-        self.names = {m: n for n, m in model.named_modules()}
+        self.names = {m: user_path(n) for n, m in model.named_modules()}  # (as the user wrote them: no wrapper)
+        self._by_path = {path: m for m, path in self.names.items()}  # (a wrapper's inner module wins: it comes later)
         self.stack: list[str] = []
         self.on_output = on_output
         self._handles = []
@@ -84,7 +86,8 @@ class ModuleContext:
         """(class name, "package.module.Class") of the module at `path` ("" = the model)."""
         if path not in self._classes:
             try:
-                cls = type(self.model.get_submodule(path)) if path else type(self.model)
+                cls = user_class(type(self._by_path[path]) if path in self._by_path
+                                 else type(self.model.get_submodule(path)))
                 self._classes[path] = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
             except AttributeError:
                 self._classes[path] = ("", "")

@@ -54,15 +54,35 @@ def whole_storage(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (storage.nbytes() // t.element_size(),))
 
 
+def _own_copies(event: OpEvent) -> None:
+    """Give `event` its own copy of every tensor it keeps (inputs, outputs, saved tensors, the call's arguments)."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def own(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        if id(v) not in copies:
+            copies[id(v)] = v.detach().clone()
+        return copies[id(v)]
+
+    event.inputs = [(n, own(t)) for n, t in event.inputs]
+    event.outputs = [(n, own(t)) for n, t in event.outputs]
+    event.saved = {k: own(t) for k, t in event.saved.items()}
+    event.args, event.kwargs = tree_map(own, event.args), tree_map(own, event.kwargs)
+
+
 class Lineage:
     """Storage -> (NaN origin ids, Inf origin ids); the origins themselves; copy-on-write of their tensors.
 
     Origins beyond `keep` are still recorded (op, phase, module, source) so lineage stays complete, but their
     tensors are dropped to bound memory; their `note` says so."""
 
-    def __init__(self, keep: int = 64):
+    def __init__(self, keep: int = 64, private: bool = False):
         self.origins: list[OpEvent] = []
         self.keep = keep
+        # private: each kept origin's tensors are copied at once (FSDP frees an unsharded parameter's storage after
+        # its unit's forward and backward, which no in-place op announces: a kept reference would read freed memory)
+        self.private = private
         self.dropped = 0
         self._sets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._pins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> [(event, field, index)]
@@ -86,6 +106,9 @@ class Lineage:
             event.node = None
             event.note = (f"origin #{event.id + 1}, beyond the first {self.keep} of this replay: its tensors were not "
                           f"kept, so the evidence is limited to the op and where it ran.")
+            return event
+        if self.private:
+            _own_copies(event)
             return event
         for field in (("outputs", "inputs") if pin else ("outputs",)):
             for i, (_, t) in enumerate(getattr(event, field)):

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+from debug_nan.engine.sharded import has_fsdp
 from debug_nan.engine.stats import flat_tensors
 from debug_nan.engine.trace.events import (
     OVERWRITING,
@@ -81,7 +82,7 @@ class Tracer(TorchDispatchMode):
         self.module_inf: OpEvent | None = None  # a deliberate Inf (a mask) that reached a module output
         # module outputs that held NaN/Inf: (path, the origins they descend from), in order, at most 64
         self.nonfinite_outputs: list[tuple[str, frozenset]] = []
-        self.lineage = Lineage(keep)
+        self.lineage = Lineage(keep, private=has_fsdp(model))
         self._last_inf: OpEvent | None = None
         self.consequence: OpEvent | None = None  # the last origin_of()'s, by finite values (Lineage.consequence)
         self._state_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> "parameter `w`"

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from debug_nan.engine.sharded import any_sharded, global_norms, locals_of, sharded_flags, user_path
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.buffer_watch import BufferWatch
@@ -69,8 +70,10 @@ class Watch:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.model = model
         self.optimizer = optimizer
-        self.module_names = {m: n for n, m in model.named_modules()}
-        self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.module_names = {m: user_path(n) for n, m in model.named_modules()}  # (as the user wrote them)
+        self.named_params = [(user_path(n), p) for n, p in model.named_parameters() if p.requires_grad]
+        # FSDP2 / DTensor: each rank reads its own shards, and gradient norms are summed over the ranks
+        self.sharded = any_sharded(p for _, p in self.named_params)
         self.hooked = [m for m in self.module_names if m is model or not _passes_through(m)]
         self.enabled = True
         self._measure = True  # module outputs measured this step (see measure_outputs)
@@ -195,8 +198,12 @@ class Watch:
         if not named:
             return None
         grads = [g for _, g in named]
+        flags = sharded_flags(grads) if self.sharded else None
+        grads = locals_of(grads) if self.sharded else grads
         with torch.no_grad():  # a gradient of a create_graph backward requires grad itself
             norms = l2_norms(grads, self.exact_grad_norms)
+            if flags is not None:  # the global norms, as clip_grad_norm_ computes them over DTensors
+                norms = list(global_norms(torch.stack(norms), torch.tensor(flags, device=norms[0].device)))
             if inverse_scale is not None:
                 norms = list(torch._foreach_mul(norms, inverse_scale.to(norms[0].device, torch.float32)))
         self._norms[CheckKind.GRAD].append(([n for n, _ in named], norms, grads))
@@ -229,7 +236,9 @@ class Watch:
         key = [id(v) for _, p in self.named_params for v in states.get(p, {}).values()]
         if key != self._state_key:
             named = param_and_state_tensors(self.named_params, self.optimizer)
-            self._state_key, self._named_cache = key, ([n for n, _ in named], [t for _, t in named])
+            tensors = [t for _, t in named]
+            self._state_key, self._named_cache = key, ([n for n, _ in named],
+                                                       locals_of(tensors) if self.sharded else tensors)
             self._sum_plan = sum_plan(self._named_cache[1])
         return self._named_cache
 
@@ -328,7 +337,9 @@ class Watch:
         if not todo:
             return
         with torch.no_grad():
+            # (a rank's shard of a small sharded parameter may be empty: FSDP pads the last ranks' shards)
             peaks = torch.stack([torch.stack(torch.aminmax(t)).to(todo[0][2].device, torch.float64).abs().max()
+                                 if t.numel() else torch.zeros((), dtype=torch.float64, device=todo[0][2].device)
                                  for _, _, t in todo]).tolist()
         for (seg, i, _), peak in zip(todo, peaks):
             seg.nonfinite[i] = not np.isfinite(peak)

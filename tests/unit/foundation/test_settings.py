@@ -79,3 +79,9 @@ def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
     assert "is not valid TOML" in error(tmp_path, "[data\n")
+
+
+def test_fsdp_is_a_train_setting_and_refuses_a_checkpoint_it_cannot_load_yet(tmp_path):
+    assert build_settings(None, {"fsdp": True}).fsdp and "fsdp" in SECTIONS["train"]
+    with pytest.raises(InputError, match="--fsdp with --checkpoint is not supported yet"):
+        build_settings(None, {"fsdp": True, "checkpoint": str(tmp_path / "c.pt")})

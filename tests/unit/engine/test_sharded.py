@@ -1,0 +1,91 @@
+"""engine/sharded.py and what the engine does with a sharded model: names without wrapper segments, kept origins
+that survive FSDP freeing a storage, every rank replaying together, which rank's outcome is reported."""
+
+import torch
+from torch import nn
+
+from debug_nan.engine.explain.finding import Finding, module_type
+from debug_nan.engine.session.agreement import MADE, RECEIVED, SEEN, RankPlan, _score
+from debug_nan.engine.sharded import has_fsdp, locals_of, sharded_flags, user_path
+from debug_nan.engine.trace.tracer import Tracer
+
+
+def test_user_path_drops_every_wrapper_segment_and_nothing_else():
+    assert user_path("_fsdp_wrapped_module.stages.0._fsdp_wrapped_module.encoder.self_attn") == \
+        "stages.0.encoder.self_attn"
+    assert user_path("_orig_mod.blocks.1._checkpoint_wrapped_module.mlp.fc") == "blocks.1.mlp.fc"
+    assert user_path("_fsdp_wrapped_module") == ""
+    assert user_path("_fsdp_wrapped_module.1._fsdp_wrapped_module") == "1"
+    assert user_path("my_orig_mod.x") == "my_orig_mod.x" and user_path("head.weight") == "head.weight"
+
+
+class Wrapper(nn.Module):
+    """Stands for FSDP1's wrapper: the user's module under `_fsdp_wrapped_module`."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self._fsdp_wrapped_module = inner
+
+
+def test_a_finding_names_the_module_as_the_user_wrote_it_with_its_own_type():
+    model = Wrapper(nn.Sequential(nn.Linear(2, 2), Wrapper(nn.ReLU())))
+    assert module_type(model, "1") == "ReLU" and module_type(model, "0") == "Linear"
+    f = Finding(step=1, micro_step=1, phase="forward", module="_fsdp_wrapped_module.1._fsdp_wrapped_module",
+                module_type="ReLU", op="aten.relu.default", kind="nan", cause="unknown", explanation="", source=None,
+                suggestions=[])
+    assert f.module == "1"
+
+
+def test_plain_tensors_are_their_own_shards_and_a_plain_model_is_not_fsdp():
+    a, b = torch.ones(2), torch.zeros(3)
+    assert locals_of([a, b])[0] is a and sharded_flags([a, b]) == [False, False]
+    assert not has_fsdp(nn.Linear(2, 2)) and has_fsdp(type("FullyShardedDataParallel", (nn.Module,), {})())
+
+
+def test_a_sharded_model_keeps_private_copies_of_its_origins_tensors():
+    """FSDP frees an unsharded parameter's storage after use (no op announces it): an origin must not point there."""
+    model = type("FullyShardedDataParallel", (nn.Module,), {})()
+    weight = torch.full((2,), 2.0 ** 126)
+    with Tracer(model) as tr:
+        out = weight * torch.tensor([8.0, 1.0])  # inf: an origin whose input is `weight`
+    event = tr.origin_of(out)
+    assert event.op == "aten.mul.Tensor" and event.inputs[0][1] is not weight
+    weight.untyped_storage().resize_(0)  # what FSDP does to an unsharded parameter
+    assert event.inputs[0][1].tolist() == [2.0 ** 126] * 2 and torch.isinf(event.outputs[0][1][0])
+
+
+def test_a_sharded_model_replays_on_every_rank_and_each_traces():
+    plan = RankPlan(top=3.0, first=[1], together=True)
+    assert [plan.replays(r) for r in (0, 1)] == [(True, True), (True, True)]
+    alone = RankPlan(top=3.0, first=[1])
+    assert [alone.replays(r) for r in (0, 1)] == [(False, True), (True, True)]
+
+
+def test_an_op_made_here_outranks_a_value_received_and_a_watch_reading():
+    def finding(op, detected_by="replay"):
+        return Finding(step=1, micro_step=1, phase="loss", module="", module_type="", op=op, kind="nan",
+                       cause="nonfinite_input" if not op else "overflow", explanation="", source=None,
+                       suggestions=[], detected_by=detected_by)
+
+    assert (_score(finding("aten.mm.default")), _score(finding("")), _score(finding(None, "watch"))) == (
+        MADE, RECEIVED, SEEN)
+    assert _score(None) == 0.0 and _score(RuntimeError("x")) == 0.0
+
+
+def test_a_rank_s_abort_survives_its_broadcast():
+    import pickle
+
+    from debug_nan.engine.session.agreement import RunAborted
+
+    again = pickle.loads(pickle.dumps(RunAborted("rank 0 failed while pinpointing", 1)))
+    assert (str(again), again.exit_code) == ("rank 0 failed while pinpointing", 1)
+
+
+def test_fsdp2_s_class_swap_is_shown_as_the_user_s_class():
+    from debug_nan.engine.sharded import user_class
+
+    class Stage(nn.Module):
+        pass
+
+    swapped = type("FSDPStage", (type("FSDPModule", (), {}), Stage), {})  # what fully_shard makes of Stage
+    assert user_class(swapped) is Stage and user_class(Stage) is Stage
