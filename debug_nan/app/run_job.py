@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import io
 import os
-import runpy
 import sys
-import traceback
 from dataclasses import dataclass, field
 
 import torch
 
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
+from debug_nan.app.script_errors import blame, raised_by_us
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.ensemble import Models, Optimizers
@@ -28,14 +27,11 @@ from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.sharded import user_class
 from debug_nan.errors import CommandRaised, InputError, describe_exception
-from debug_nan.frames import raising_tool_frame, short_path
 from debug_nan.presentation.log import Log, error_line
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
 from debug_nan.settings import RunSettings
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-OVERRIDES = torch.overrides.__file__  # (handle_torch_function: how a torch function reaches a TorchFunctionMode)
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
@@ -139,59 +135,6 @@ class RunListener:
                 raise RunStopped("trip")
 
 
-def _ours(frame: traceback.FrameSummary) -> bool:
-    """A frame `python script.py` would not show: debug-nan's (its hooks, its runner) or runpy's."""
-    return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
-
-
-def _as_python_shows(stack: list) -> list:
-    """The frames of a traceback without debug-nan's, and without the detour a torch function takes to reach its
-    recorder (torch's `handle_torch_function`, then the same function entered again): as plain Python shows it."""
-    shown = []
-    for i, frame in enumerate(stack):
-        nxt = stack[i + 1] if i + 1 < len(stack) else None
-        if _ours(frame) or (frame.filename == OVERRIDES and nxt is not None and _ours(nxt)):
-            continue
-        if shown and i > 0 and (_ours(stack[i - 1]) or stack[i - 1].filename == OVERRIDES) \
-                and shown[-1].filename == frame.filename and shown[-1].name == frame.name:
-            shown.pop()  # (the torch function that handed the call to the recorder, entered again)
-        shown.append(frame)
-    return shown
-
-
-def _script_traceback(exc: BaseException) -> None:
-    """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
-    report = traceback.TracebackException.from_exception(exc)
-    seen, pending = set(), [report]
-    while pending:  # the exception, and those it was raised from or while handling
-        one = pending.pop()
-        if id(one) in seen:
-            continue
-        seen.add(id(one))
-        one.stack = traceback.StackSummary.from_list(_as_python_shows(list(one.stack)))
-        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
-    sys.stderr.write("".join(report.format()))
-
-
-def _raised_by_us(exc: BaseException) -> str | None:
-    """"debug_nan/x.py:N" when the script's error was raised in debug-nan's own code, not in a call debug-nan
-    only passed on for the script (frames.raising_tool_frame): debug-nan failed, not the script."""
-    where = raising_tool_frame(exc)
-    return None if where is None else f"{short_path(where[0])}:{where[1]}"
-
-
-def _blame(exc: BaseException, clause: str) -> str:
-    """The line that says whose error it is: the script's (its traceback as Python prints it) or debug-nan's own
-    (the whole traceback, for a bug report)."""
-    where = _raised_by_us(exc)
-    if where is None:
-        _script_traceback(exc)
-        return f"the command raised {describe_exception(exc)}{clause}"
-    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    return (f"debug-nan itself failed inside the command ({type(exc).__name__}: {exc}, at {where}): a bug in "
-            f"debug-nan, not an error in the script; please report it with the traceback above")
-
-
 def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
@@ -254,14 +197,14 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
-            said = _blame(error, " before any training step (no forward of a model whose parameters an optimizer "
+            said = blame(error, " before any training step (no forward of a model whose parameters an optimizer "
                                  "owns, then backward, had run)") + "."
-            raise (CommandRaised(said) if _raised_by_us(error) is None else InputError(said))
+            raise (CommandRaised(said) if raised_by_us(error) is None else InputError(said))
         raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
-    if error is not None and not m.stopped and hooks.open and _raised_by_us(error) is None:  # (debug-nan's own: no trip)
+    if error is not None and not m.stopped and hooks.open and raised_by_us(error) is None:  # (debug-nan's own: no trip)
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
         except KeyboardInterrupt as exc:
@@ -280,12 +223,12 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         if not m.stopped:
             m.finish()
     if error is not None and not m.findings:
-        said = _blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
+        said = blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
                            "a numerical one")
         log(error_line(said + "."), "red")
     m.close()
     if error is not None and m.error is None and not m.findings:
-        where = _raised_by_us(error)
+        where = raised_by_us(error)
         m.error = (describe_exception(error) if where is None
                    else f"debug-nan failed: {type(error).__name__}: {error} (at {where})")
     settings = m.s
