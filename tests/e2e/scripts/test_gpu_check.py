@@ -12,8 +12,8 @@ from tests.support.once import once
 
 SCRIPT = str(REPO / "scripts" / "gpu_check.py")
 NO_CUDA = "skipped (no CUDA)"
-ITEMS = ["watch_syncs", "all_masked_sdpa", "demo_job", "cuda_tests", "gpt_run", "memory", "all_masked_encoder",
-         "oom", "overhead", "run_overhead"]
+ITEMS = ["watch_syncs", "all_masked_sdpa", "demo_job", "cuda_tests", "gpt_run", "fsdp2_run", "memory",
+         "all_masked_encoder", "oom", "overhead", "run_overhead"]
 
 
 def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
@@ -37,7 +37,7 @@ def test_quick_run_passes_and_writes_json_and_table(quick):
     proc, report, items, out = quick
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(items) == ITEMS
-    assert report["counts"] == {"pass": 9, "fail": 0, "skipped": 1, "not run": 0}
+    assert report["counts"] == {"pass": 10, "fail": 0, "skipped": 1, "not run": 0}
     env = report["environment"]
     assert env["device"] == "cpu" and env["gpu"] is None and env["torch"].startswith("2.")
     assert report["command"].startswith("python scripts/gpu_check.py --device cpu --quick")
