@@ -148,19 +148,22 @@ class ForwardsOutsideTraining:
         self.handles.clear()
 
 
-def harmful_reading(output) -> float | None:
+def harmful_reading(output, minus_inf_is_harm: bool = False) -> float | None:
     """NaN, or +inf, when a floating tensor of a model output holds one (NaN first); None when it is finite or
-    its only non-finite values are -inf (a mask). One host sync: each tensor's sum in float32, one pass over it
-    (a sum is finite when every value is, -inf when the only non-finite ones are -inf, NaN or +inf otherwise);
-    only a sum that is NaN or +inf (or a finite output whose sum overflowed) is looked at element by element."""
+    its only non-finite values are -inf (a mask; `minus_inf_is_harm`: those count too, read as inf). One host sync:
+    each tensor's sum in float32, one pass over it (a sum is finite when every value is, -inf when the only
+    non-finite ones are -inf, NaN or +inf otherwise); only a sum that is not finite (or a finite output whose sum
+    overflowed) is looked at element by element."""
     tensors = _floats(output)
     if not tensors:
         return None
     sums = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).tolist()
-    suspects = [t for t, s in zip(tensors, sums) if math.isnan(s) or s == math.inf]
+    suspects = [t for t, s in zip(tensors, sums) if math.isnan(s) or s == math.inf or (minus_inf_is_harm and
+                                                                                       s == -math.inf)]
     if not suspects:
         return None
-    flags = torch.stack([torch.stack([t.isnan().any(), t.isposinf().any()]) for t in suspects]).any(0).tolist()
+    infinite = torch.isinf if minus_inf_is_harm else torch.isposinf
+    flags = torch.stack([torch.stack([t.isnan().any(), infinite(t).any()]) for t in suspects]).any(0).tolist()
     return math.nan if flags[0] else math.inf if flags[1] else None
 
 

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
 import time
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten
 
 from debug_nan.drivers.framework import FrameworkDriver
-from debug_nan.drivers.eval_forwards import EvalForwards
+from debug_nan.drivers.eval_forwards import EvalForwards, harmful_reading
 from debug_nan.drivers.run.bundle import PROTOCOL, pickle_module, script_modules_by_value, script_state
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.replayer import TapeReplayer
@@ -187,7 +185,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         exit is not 0, the micro-batch is replayed as far as the run got: a NaN/Inf born there is the finding; none
         leaves the run clean with the script's own code (it stopped for reasons of its own)."""
         self._stop_live()
-        reading = _nonfinite_reading(self.hooks.outputs)
+        reading = _any_nonfinite(self.hooks.outputs)
         if (reading is None and code == 0) or self.stopped or self.session.inputs is None \
                 or self.session.p.agreement is not None or not self.watch.enabled:
             return
@@ -230,7 +228,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         with `continue` and went on to the next batch): where such an output holds NaN/Inf, the script gave up on
         it, and that forward is replayed (its tape as far as that call) to name the op."""
         for n, output in zip(calls, outputs):
-            reading = _nonfinite_reading([output])
+            reading = _any_nonfinite([output])
             if reading is None or self.stopped:
                 continue
             self.log(f"  [watch] a forward of step {self.session.inputs.step}, micro-batch {self.session.micro} "
@@ -294,10 +292,7 @@ class ScriptGaveUp(Exception):
     """The command ended inside a micro-batch, before its backward (an exit, or its own error caught)."""
 
 
-def _nonfinite_reading(outputs: list) -> float | None:
-    """NaN, or +-inf, when a floating tensor of the model's outputs holds one (NaN first), else None (one sync)."""
-    tensors = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not tensors:
-        return None
-    flags = torch.stack([torch.stack([t.isnan().any(), t.isinf().any()]) for t in tensors]).any(0).tolist()
-    return math.nan if flags[0] else math.inf if flags[1] else None
+def _any_nonfinite(outputs: list) -> float | None:
+    """NaN, or inf, when a floating tensor of the model's outputs holds any non-finite value (NaN first), else
+    None: an output the script gave up on is judged whole, -inf included (one sync)."""
+    return harmful_reading(outputs, minus_inf_is_harm=True)

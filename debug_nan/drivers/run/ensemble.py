@@ -47,17 +47,15 @@ def script_name(obj, fallback: str) -> str:
 
 
 class Models(nn.Module):
-    """The models a run trains, as one module: `members` in the order met, bare parameters at the top."""
+    """The models a run trains, as one module: its children in the order met, bare parameters at the top."""
 
     def __init__(self, modules: list[nn.Module], loose: list[nn.Parameter]):
         super().__init__()
-        self.members: list[nn.Module] = []
         taken: set[str] = set()
         for i, module in enumerate(modules):
             module = bare(module)
             name = _unique(script_name(module, f"{type(module).__name__.lower()}{i}"), taken)
             self.add_module(name, module)
-            self.members.append(module)
         for i, p in enumerate(loose):
             self.register_parameter(_unique(script_name(p, f"parameter{i}"), taken), p)
 
@@ -99,7 +97,7 @@ class _States(MutableMapping):
         return any(p in o.state for o in self._owner.members)
 
     def get(self, p, default=None):  # (never through __getitem__: a defaultdict would make an empty state)
-        return self._of(p).get(p, default) if id(p) in self._owner.owners else default
+        return self._of(p).get(p, default) if self._owner.holds(p) else default
 
     def pop(self, p, *default):
         return self._of(p).pop(p, *default)
@@ -134,7 +132,7 @@ class Optimizers:
         self._index()
 
     def _index(self) -> None:
-        self.owners = self._owner_of = {id(p): o for o in self.members for g in o.param_groups for p in g["params"]}
+        self._owner_of = {id(p): o for o in self.members for g in o.param_groups for p in g["params"]}
         self.state = _States(self)
 
     def __getstate__(self) -> dict:  # (a repro bundle: parameters get new ids when loaded)
@@ -143,6 +141,9 @@ class Optimizers:
     def __setstate__(self, state: dict) -> None:
         self.members, self.names, self.stepping = state["members"], state["names"], state["stepping"]
         self._index()
+
+    def holds(self, p) -> bool:
+        return id(p) in self._owner_of
 
     def member_of(self, p):
         return self._owner_of[id(p)]

@@ -220,12 +220,8 @@ class Hooks(WatchedOptimizer):
         last backward (several models: an actor-critic's second loss), with no batch of its own."""
         if self.open or self.in_backward or not torch.is_grad_enabled():
             return
-        if module is None:
-            pass
-        elif self.root is None:
-            if not self._adopt(module):
-                return
-        elif not (self._is_model(module) if self.several else module is self.root):
+        if module is not None and not (self._adopt(module) if self.root is None else
+                                       self._is_model(module) if self.several else module is self.root):
             return
         self.flush_step()
         if self.manual and self.backward_since_open:  # the script's own update ran since the last backward

@@ -26,3 +26,10 @@ def test_finite_values_whose_sum_overflows_are_not_harm():
     big = torch.full((8,), 3e38)  # each finite; their float32 sum is +inf
     assert harmful_reading(big) is None
     assert harmful_reading(big.to(torch.bfloat16)) is None
+
+
+def test_an_output_the_script_gave_up_on_counts_minus_inf_too():
+    masked = torch.tensor([1.0, -math.inf])
+    assert harmful_reading(masked) is None
+    assert harmful_reading(masked, minus_inf_is_harm=True) == math.inf
+    assert math.isnan(harmful_reading([masked, torch.tensor([math.nan])], minus_inf_is_harm=True))
