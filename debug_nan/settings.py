@@ -250,9 +250,6 @@ def validate(s: RunSettings) -> None:
         raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
                          f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or device), or "
                          "--stop-at-first.")
-    if s.fsdp and s.checkpoint:
-        raise InputError("--fsdp with --checkpoint is not supported yet: the checkpoint is loaded into the unsharded "
-                         "model; resume without --fsdp (DDP), or shard your own script under `debug-nan run`.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:
             raise InputError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}.")

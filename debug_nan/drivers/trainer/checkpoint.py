@@ -12,6 +12,8 @@ Keys saved under a wrapper (`module.` from DDP, `_orig_mod.` from torch.compile,
 matched when stripping that one prefix makes every key fit. Missing, unexpected or mis-shaped keys are an
 InputError (exit 2) naming the first few and the counts; --checkpoint-non-strict loads the keys that fit and
 names the rest. The file is read with torch.load(weights_only=True) unless --checkpoint-unsafe-load.
+With --fsdp the full tensors are loaded into the sharded model and optimizer (sharding.py); a task's own
+load_checkpoint receives the sharded ones.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from debug_nan.drivers.trainer.sharding import load_full_model_state, load_full_optimizer_state
 from debug_nan.errors import InputError, describe_exception
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict")
@@ -147,8 +150,9 @@ def _names(items: list[str]) -> str:
     return f"{shown}{f' and {len(items) - SHOWN} more' if len(items) > SHOWN else ''}"
 
 
-def load_model_state(model: torch.nn.Module, state: dict, path: str, strict: bool) -> list[str]:
-    """Load `state` into `model` after checking names and shapes; returns notes (non-strict: what was left)."""
+def load_model_state(model: torch.nn.Module, state: dict, path: str, strict: bool, sharded: bool = False) -> list[str]:
+    """Load `state` into `model` after checking names and shapes; returns notes (non-strict: what was left).
+    sharded: `model` is sharded with FSDP2 (its state_dict's DTensors have the full shapes), `state` full."""
     own = model.state_dict()
     state, prefix = _strip_wrapper(state, set(own))
     notes = [f"checkpoint keys carried the prefix `{prefix}` (a wrapper's); matched without it"] if prefix else []
@@ -171,7 +175,10 @@ def load_model_state(model: torch.nn.Module, state: dict, path: str, strict: boo
                 " Build the model with the settings it was trained with (--d-model, --heads, --token-limit, the "
                 "task's own).")
         raise InputError(f"--checkpoint {path} does not fit the model: {'; '.join(problems)}.{hint}")
-    model.load_state_dict(state, strict=False)
+    if sharded:
+        load_full_model_state(model, {k: v for k, v in state.items() if k in own})
+    else:
+        model.load_state_dict(state, strict=False)
     if missing:
         notes.append(f"--checkpoint-non-strict: {len(missing)} model keys kept their initial values: "
                      f"{_names(missing)}")
@@ -180,9 +187,10 @@ def load_model_state(model: torch.nn.Module, state: dict, path: str, strict: boo
     return notes
 
 
-def _load_part(what: str, target, state, path: str) -> None:
+def _load_part(what: str, target, state, path: str, load=None) -> None:
+    """target.load_state_dict(state), or load(state); a failure is the checkpoint's InputError."""
     try:
-        target.load_state_dict(state)
+        (load or target.load_state_dict)(state)
     except Exception as exc:  # noqa: BLE001 - any mismatch is the checkpoint's, said in one line
         raise InputError(f"--checkpoint {path}: its {what} state does not fit the run's {what} "
                          f"({type(target).__name__}): {type(exc).__name__}: {str(exc).splitlines()[0]}. Use the "
@@ -191,9 +199,10 @@ def _load_part(what: str, target, state, path: str) -> None:
 
 
 def restore(path: str, model: torch.nn.Module, optimizer, scheduler, scaler, *, strict: bool = True,
-            unsafe: bool = False, task_loader=None) -> Resumed:
+            unsafe: bool = False, task_loader=None, sharded: bool = False) -> Resumed:
     """Load the checkpoint at `path` into the run's model, optimizer, scheduler and scaler (those present in it).
-    `task_loader`: the task's load_checkpoint(path, model, optimizer), which replaces the layouts above."""
+    `task_loader`: the task's load_checkpoint(path, model, optimizer), which replaces the layouts above.
+    sharded: the model is sharded with FSDP2 (--fsdp) and the optimizer holds its sharded parameters."""
     resumed = Resumed(path)
     if task_loader is not None:
         try:
@@ -210,7 +219,7 @@ def restore(path: str, model: torch.nn.Module, optimizer, scheduler, scaler, *, 
         resumed.step, resumed.loaded = step or 0, ["the task's load_checkpoint"]
         return resumed
     parts = split_checkpoint(read_checkpoint(path, unsafe), path)
-    resumed.notes += load_model_state(model, parts["model"], path, strict)
+    resumed.notes += load_model_state(model, parts["model"], path, strict, sharded)
     resumed.loaded.append("model")
     for what, target in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         state = parts.get(what)
@@ -219,7 +228,9 @@ def restore(path: str, model: torch.nn.Module, optimizer, scheduler, scaler, *, 
         if target is None:
             resumed.notes.append(f"the checkpoint's {what} state is not used: this run has no {what}")
             continue
-        _load_part(what, target, state, path)
+        sharded_optimizer = sharded and what == "optimizer"
+        _load_part(what, target, state, path, (lambda full: load_full_optimizer_state(model, target, full))
+                   if sharded_optimizer else None)
         resumed.loaded.append(what)
     if parts.get("step") is not None:
         if parts["step"] < 0:
@@ -250,12 +261,13 @@ def skip_batches(stream, count: int, log):
     return stream
 
 
-def resume(s, model: torch.nn.Module, optimizer, scheduler, scaler, task, log) -> int:
-    """--checkpoint in a run (s: RunSettings): restore, say what was loaded -> the step the checkpoint reached."""
+def resume(s, model: torch.nn.Module, optimizer, scheduler, scaler, task, log, sharded: bool = False) -> int:
+    """--checkpoint in a run (s: RunSettings): restore, say what was loaded -> the step the checkpoint reached.
+    sharded: --fsdp under torchrun (the model and optimizer sharded by FSDP2)."""
     if not s.checkpoint:
         return 0
     resumed = restore(s.checkpoint, model, optimizer, scheduler, scaler, strict=not s.checkpoint_non_strict,
-                      unsafe=s.checkpoint_unsafe_load, task_loader=task.load_checkpoint)
+                      unsafe=s.checkpoint_unsafe_load, task_loader=task.load_checkpoint, sharded=sharded)
     log(f"  {resumed.line()}")
     for note in resumed.notes:
         log(f"  NOTICE: {note}.", "yellow")

@@ -85,7 +85,8 @@ class Trainer:
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
-        self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log)
+        self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log,
+                                 self.sharded)
         self.evaluation = EvalPass(self) if settings.eval_every else None
         self.wrapped = self.model  # what the training step calls: DDP under torchrun
         if dist_ctx is not None:  # the first collective, once every rank got this far (a rank that raised above

@@ -98,9 +98,9 @@ class RankPlan:
         micro-batch, in parallel and with no collectives (where the framework averages the gradients inside the
         backward, every rank sees the NaN); for an update every rank re-runs and the first traces. A sharded model
         (`together`) replays on every rank at once, each tracing its own micro-batch: FSDP's all-gathers and
-        reduce-scatters run again in the replay, so no rank can replay alone."""
+        reduce-scatters run again in the replay, so no rank can replay alone (a bad batch is no replay)."""
         if self.together and not self.update:
-            return True, True
+            return self.top != PHASE_CODE[CheckKind.DATA] or rank in self.first, True
         if self.update:
             return True, rank == self.src
         return rank in self.first, True

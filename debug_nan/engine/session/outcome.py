@@ -54,6 +54,11 @@ class MicroOutcome:
         return Trip(self.inputs, self.micro, self.check, self.error)
 
     @property
+    def harmed(self) -> bool:
+        """This rank's own micro-batch tripped: a check read a non-finite value, or user code raised."""
+        return self.check is not None or self.error is not None
+
+    @property
     def only_gradients(self) -> bool:
         """Only the gradients went non-finite (the case an fp16 loss scale can cause)."""
         return self.error is None and self.check is not None and self.check.kind == CheckKind.GRAD

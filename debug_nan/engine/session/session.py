@@ -217,7 +217,11 @@ class StepSession:
         replays, traces = plan.replays(agreement.ctx.rank)
         outcome = None
         try:
-            outcome = self.pinpoint(o, traces) if replays else None
+            if replays and not o.harmed:  # FSDP: the tripping ranks' replay all-gathers with this rank's replay
+                if self.copies.at(o.inputs) is None:  # (of its own micro-batch, which did not trip: no finding)
+                    self.pinpointer.replay(o.inputs, o.micro)
+            else:
+                outcome = self.pinpoint(o, traces) if replays else None
         except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
             outcome = agreement.failure(exc, agreement.ctx.rank)
         return agreement.report(plan, outcome)

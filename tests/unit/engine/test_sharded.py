@@ -8,6 +8,8 @@ from debug_nan.engine.explain.finding import Finding, module_type
 from debug_nan.engine.session.agreement import MADE, RECEIVED, SEEN, RankPlan, _score
 from debug_nan.engine.sharded import has_fsdp, locals_of, sharded_flags, user_path
 from debug_nan.engine.trace.tracer import Tracer
+from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.watch.phase_codes import PHASE_CODE
 
 
 def test_user_path_drops_every_wrapper_segment_and_nothing_else():
@@ -59,6 +61,8 @@ def test_a_sharded_model_replays_on_every_rank_and_each_traces():
     assert [plan.replays(r) for r in (0, 1)] == [(True, True), (True, True)]
     alone = RankPlan(top=3.0, first=[1])
     assert [alone.replays(r) for r in (0, 1)] == [(False, True), (True, True)]
+    bad_batch = RankPlan(top=PHASE_CODE[CheckKind.DATA], first=[1], together=True)  # no replay: none to take part in
+    assert [bad_batch.replays(r) for r in (0, 1)] == [(False, True), (True, True)]
 
 
 def test_an_op_made_here_outranks_a_value_received_and_a_watch_reading():

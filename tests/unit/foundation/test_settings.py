@@ -81,7 +81,7 @@ def test_missing_and_invalid_files(tmp_path):
     assert "is not valid TOML" in error(tmp_path, "[data\n")
 
 
-def test_fsdp_is_a_train_setting_and_refuses_a_checkpoint_it_cannot_load_yet(tmp_path):
+def test_fsdp_is_a_train_setting_that_resumes_from_a_checkpoint(tmp_path):
     assert build_settings(None, {"fsdp": True}).fsdp and "fsdp" in SECTIONS["train"]
-    with pytest.raises(InputError, match="--fsdp with --checkpoint is not supported yet"):
-        build_settings(None, {"fsdp": True, "checkpoint": str(tmp_path / "c.pt")})
+    s = build_settings(None, {"fsdp": True, "checkpoint": str(tmp_path / "c.pt")})  # (tests/e2e/ddp/test_fsdp_checkpoint.py)
+    assert s.fsdp and s.checkpoint == str(tmp_path / "c.pt")
