@@ -33,8 +33,15 @@ def quick(tmp_path_factory):
     return proc, report, {i["name"]: i for i in report["items"]}, out
 
 
-def test_quick_run_passes_and_writes_json_and_table(quick):
-    proc, report, items, out = quick
+def test_quick_run_passes_with_real_figures(quick):
+    """One test of the shared quick run: a second test would wait for it on the other pytest worker, idle (the
+    run takes a minute of the suite's two CPUs)."""
+    passes_and_writes_json_and_table(*quick)
+    figures_are_real(quick[2])
+    benchmark_figures_are_real(quick[2])
+
+
+def passes_and_writes_json_and_table(proc, report, items, out):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(items) == ITEMS
     assert report["counts"] == {"pass": 10, "fail": 0, "skipped": 1, "not run": 0}
@@ -52,8 +59,7 @@ def test_quick_run_passes_and_writes_json_and_table(quick):
     assert items["watch_syncs"]["commands"] == ["python scripts/gpu_check.py --device cpu --quick --only watch_syncs"]
 
 
-def test_quick_run_figures_are_real(quick):
-    _, _, items, _ = quick
+def figures_are_real(items):
     demo = items["demo_job"]["figures"]
     assert set(demo) == {"fp32", "fp32-no-guards"}  # --quick on the CPU: fp32 alone (bf16, fp16: test_cli.py)
     assert (demo["fp32"]["exit"], demo["fp32"]["status"], demo["fp32"]["steps_run"]) == (0, "clean", 2)
@@ -79,12 +85,15 @@ def test_quick_run_figures_are_real(quick):
                for r in syncs.values())
     tests = items["cuda_tests"]["figures"]["counts"]
     assert tests["passed"] >= 6 and tests["skipped"] == 5 and "failed" not in tests
+    sharded = items["fsdp2_run"]["figures"]  # (--quick on the CPU: the planted bug alone, the healthy run is a test's)
+    assert (sharded["ranks"], sharded["backend"], sharded["lr_exit"], sharded["step"], sharded["phase"]) == (
+        2, "gloo", 1, 2, "forward") and sharded["rank"] in sharded["first_ranks"]
+    assert sharded["healthy_exit"].startswith("not run (--quick on the CPU")
     oom = items["oom"]
     assert oom["status"] == "skipped" and oom["reason"].startswith(NO_CUDA) and not oom["commands"]
 
 
-def test_quick_run_benchmark_figures(quick):
-    _, _, items, _ = quick
+def benchmark_figures_are_real(items):
     memory = items["memory"]["figures"]["aam-tiny"]
     assert memory["measure"] == "peak_rss_mb" and memory["plain"]["x_plain"] == 1.0 and memory["host"]["mb"] > 0
     assert memory["host"]["cuda_max_allocated_mb"] == NO_CUDA and memory["parameters"] > 30_000
