@@ -19,7 +19,6 @@
 # are made anew every run. A leg whose Python, uv or packages cannot be had fails (exit 1): never a silent pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
 UV_VERSION=0.13.9
 CACHE="${DEBUG_NAN_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/debug-nan/matrix}"
 # name  python  torch
@@ -81,6 +80,19 @@ if ! "$UV" --version 2>/dev/null | grep -q " $UV_VERSION"; then
         || die "could not install uv $UV_VERSION from PyPI"
 fi
 
+# The legs run on a copy of the working tree (its tracked and untracked files, none of the ignored ones): .ci/run
+# runs scripts/setup.sh beside them, and two editable installs of one folder would write its metadata
+# (debug_nan.egg-info) at the same time.
+SRC="$CACHE/src"
+rm -rf "$SRC" && mkdir -p "$SRC"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -z --cached --others --exclude-standard \
+        | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$SRC"
+else
+    tar --exclude=./.venv --exclude=./.git --exclude=./debug_nan.egg-info -cf - . | tar -xf - -C "$SRC"
+fi
+cd "$SRC"
+
 failed=()
 for leg in "${LEGS[@]}"; do
     read -r name python torch <<<"$leg"
@@ -93,7 +105,7 @@ for leg in "${LEGS[@]}"; do
     rm -rf "$venv"
     "$UV" venv -q --python "$interpreter" "$venv" || die "$name: could not make its virtualenv"
     say "$name: installing torch==$torch and the test dependencies (constraints/$name.txt) with $interpreter"
-    "$UV" pip install -q --python "$venv/bin/python" -c "constraints/$name.txt" "torch==$torch" -e "$REPO" \
+    "$UV" pip install -q --python "$venv/bin/python" -c "constraints/$name.txt" "torch==$torch" -e "$SRC" \
         pytest pytest-xdist transformers matplotlib \
         || die "$name: could not install torch==$torch and its test dependencies from PyPI"
     installed=$((SECONDS - started))
