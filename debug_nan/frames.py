@@ -31,6 +31,19 @@ TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "util
                                                                   "overrides.py", "autograd", "_compile.py"))
 
 
+# FSDP's own code: it re-allocates its all-gather buffers by resizing their storage (garbage until written)
+FSDP_CODE = os.path.join(TORCH_DIR, "distributed", "fsdp", "")
+
+
+def called_from(prefix: str) -> bool:
+    """Whether the code that made the running torch call (the innermost frame that is neither debug-nan's nor
+    torch's dispatch plumbing) lives under `prefix`."""
+    frame = sys._getframe(1)
+    while frame is not None and frame_kind(frame.f_code.co_filename) in ("tool", "plumbing"):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(prefix)
+
+
 def frame_kind(filename: str) -> str:
     """"tool" | "user" | "torch" | "plumbing" for a frame's file name (see the module docstring)."""
     if filename.startswith(PACKAGE_DIR + os.sep):

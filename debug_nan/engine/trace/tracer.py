@@ -50,7 +50,7 @@ from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, Mo
 from debug_nan.engine.trace.module_context import forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import user_frame
+from debug_nan.frames import FSDP_CODE, called_from, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
@@ -307,6 +307,8 @@ class Tracer(TorchDispatchMode):
         non-finite and not marked) becomes an origin of its own here, where the replay first meets it."""
         nan_ids, inf_ids = self.lineage.get(original) or (NO_IDS, NO_IDS)
         missing_nan, missing_inf = nan and not nan_ids, inf and not inf_ids
+        if (missing_nan or missing_inf) and self.lineage.private and called_from(FSDP_CODE):
+            return nan_ids, inf_ids  # FSDP's re-allocated buffer: garbage its all-gather overwrites, no origin
         if missing_nan or missing_inf:
             event = self._adopt(original, value, name, func, missing_nan)
             own = frozenset([event.id])

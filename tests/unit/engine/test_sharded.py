@@ -1,6 +1,8 @@
 """engine/sharded.py and what the engine does with a sharded model: names without wrapper segments, kept origins
 that survive FSDP freeing a storage, every rank replaying together, which rank's outcome is reported."""
 
+import os
+
 import torch
 from torch import nn
 
@@ -9,6 +11,7 @@ from debug_nan.engine.session.agreement import MADE, RECEIVED, SEEN, RankPlan, _
 from debug_nan.engine.sharded import has_fsdp, locals_of, sharded_flags, user_path
 from debug_nan.engine.trace.tracer import Tracer
 from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.frames import FSDP_CODE
 from debug_nan.engine.watch.phase_codes import PHASE_CODE
 
 
@@ -54,6 +57,30 @@ def test_a_sharded_model_keeps_private_copies_of_its_origins_tensors():
     assert event.op == "aten.mul.Tensor" and event.inputs[0][1] is not weight
     weight.untyped_storage().resize_(0)  # what FSDP does to an unsharded parameter
     assert event.inputs[0][1].tolist() == [2.0 ** 126] * 2 and torch.isinf(event.outputs[0][1][0])
+
+
+def in_fsdp_code(source: str, name: str):
+    """A function whose code lives (by its file name) in FSDP's folder of torch, as FSDP's own functions do."""
+    scope: dict = {"torch": torch}
+    exec(compile(source, os.path.join(FSDP_CODE, "_stand_in.py"), "exec"), scope)
+    return scope[name]
+
+
+def test_garbage_in_a_buffer_fsdp_reallocated_is_no_origin_where_fsdp_meets_it():
+    """FSDP1 re-allocates its all-gather buffer by resizing its storage (garbage until the all-gather writes it)
+    and chunks it first: a NaN met there is no origin; the same NaN met in the user's code is one."""
+    chunk = in_fsdp_code("def chunk(buffer):\n    return torch.chunk(buffer, 2)\n", "chunk")
+    garbage, buffer = torch.tensor([float("nan"), 1.0, 2.0, 3.0]), torch.tensor([float("nan"), 1.0, 2.0, 3.0])
+    with Tracer(type("FullyShardedDataParallel", (nn.Module,), {})()) as tr:
+        halves = chunk(buffer)
+        halves[0].copy_(torch.ones(2))  # (the all-gather writes it)
+    assert tr.origins == [] and tr.first is None
+    with Tracer(type("FullyShardedDataParallel", (nn.Module,), {})()) as tr:
+        torch.chunk(garbage, 2)
+    assert [e.label.split(",")[0] for e in tr.origins] == ["input `self` of aten.split.Tensor"]
+    with Tracer(nn.Linear(1, 1)) as tr:  # (an unsharded model: no FSDP buffers to tell apart)
+        chunk(garbage)
+    assert len(tr.origins) == 1
 
 
 def test_a_sharded_model_replays_on_every_rank_and_each_traces():
