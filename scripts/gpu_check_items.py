@@ -21,6 +21,9 @@ CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: te
     "tests/e2e/frameworks/test_hf.py::test_fp16_scaler_overflow_is_not_a_finding_on_cuda",
     "tests/unit/engine/explain/test_diagnose.py::test_sdpa_cuda_kernel_reads_attn_bias",
     "tests/unit/engine/watch/test_watch_syncs.py",
+    # Lightning's and Accelerate's FSDP under `torchrun -m debug_nan run` (2 GPUs where there are, else 1)
+    "tests/e2e/ddp/test_run_sharded_frameworks.py::test_a_healthy_sharded_framework_run_prints_exactly_its_own_output",
+    "tests/e2e/ddp/test_run_sharded_frameworks.py::test_a_nan_born_on_rank_1_is_named_on_rank_1_at_its_op",
 ]
 
 
