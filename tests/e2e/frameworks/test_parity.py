@@ -1,8 +1,9 @@
 """One bug, one answer: the planted bugs of parity.py on one tiny GPT-2, through `--task`, `debug_nan.Monitor`, the
 Lightning callback, the HF Trainer callback and `debug-nan run` of an unmodified script (a plain loop, Lightning,
-the HF Trainer, and the plain loop sharded with FSDP2 under torchrun: tests/support/frameworks/parity_script.py). Every entry point drives the same step session, so step,
-micro-batch, phase and cause must agree everywhere, and module and op wherever the framework computes the same
-thing (the exceptions are listed in DIFFERS, each with its reason).
+the HF Trainer, and the plain loop sharded with FSDP2 under torchrun: tests/support/frameworks/parity_script.py).
+Every entry point drives the same step session, so step, micro-batch, phase and cause must agree everywhere, and
+module and op wherever the framework computes the same thing (the exceptions are listed in DIFFERS, each with its
+reason).
 
 The expected values, from first principles:
 - explosion_by_lr: AdamW at lr 1e4 moves every weight by ~1e4 in step 1, so step 2's gradient norm is ~1e5x step
