@@ -6,6 +6,7 @@ with item.expect."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,6 +21,9 @@ CUDA_TESTS = [  # every test that skips without CUDA (none may skip on a GPU: te
     "tests/e2e/frameworks/test_hf.py::test_fp16_scaler_overflow_is_not_a_finding_on_cuda",
     "tests/unit/engine/explain/test_diagnose.py::test_sdpa_cuda_kernel_reads_attn_bias",
     "tests/unit/engine/watch/test_watch_syncs.py",
+    # Lightning's and Accelerate's FSDP under `torchrun -m debug_nan run` (2 GPUs where there are, else 1)
+    "tests/e2e/ddp/test_run_sharded_frameworks.py::test_a_healthy_sharded_framework_run_prints_exactly_its_own_output",
+    "tests/e2e/ddp/test_run_sharded_frameworks.py::test_a_nan_born_on_rank_1_is_named_on_rank_1_at_its_op",
 ]
 
 
@@ -283,6 +287,52 @@ def fsdp2_run(check, item) -> None:
                     f"{found['step']} {found['phase']} {found['module']} {found['op']} rank {found['rank']}")
 
 
+AAM_COMMIT = "6f65d20"  # github.com/jbk708/aam: its FSDP path (089f32d, test_run_aam.py's commit, predates it)
+
+
+def printed(out: str) -> list[str]:
+    """The lines aam_fsdp.py prints (rank 0's mean losses) among a command's output."""
+    return [line for line in out.splitlines() if line.startswith("{'count_loss'")]
+
+
+def aam_fsdp_run(check, item) -> None:
+    """AAM's own `pretrain --fsdp` path (its wrap_model_fsdp, Trainer and gathered UniFrac loss:
+    tests/support/run/aam_fsdp.py, AAM at $DEBUG_NAN_AAM_DIR) under `torchrun -m debug_nan run`, NCCL, one GPU per
+    rank (up to 2): healthy, its own output and clean; a count of -1 in the last rank's step-2 batch (log(0) in AAM's
+    count embedding) named on that rank, at its op."""
+    aam = os.environ.get("DEBUG_NAN_AAM_DIR")
+    if not check.cuda:
+        return item.skip(f"{NO_CUDA}: AAM's wrap_model_fsdp refuses the CPU")
+    if not aam or not Path(aam, "aam", "training", "distributed.py").is_file():
+        return item.skip(f"DEBUG_NAN_AAM_DIR ({aam or 'unset'}) is not a checkout of github.com/jbk708/aam with its "
+                         f"FSDP path (aam/training/distributed.py): check out {AAM_COMMIT}")
+    import torch
+
+    ranks = min(2, torch.cuda.device_count())
+    script = str(REPO / "tests" / "support" / "run" / "aam_fsdp.py")
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    plain = check.run(item, [*torchrun, script])
+    healthy = check.folder(item, "healthy") / "report.json"
+    watched = check.run(item, [*torchrun, "-m", "debug_nan", "run", "--report", healthy, "--", script])
+    item.expect(plain.rc == 0 and watched.rc == 0 and report_of(healthy).get("status") == "clean"
+                and len(printed(plain.out)) == 1 and printed(watched.out) == printed(plain.out),
+                f"healthy: plain exit {plain.rc}, watched exit {watched.rc}: {tail_line(watched.out)}")
+    broken = check.folder(item, "count") / "report.json"
+    done = check.run(item, [*torchrun, "-m", "debug_nan", "run", "--report", broken, "--", script, "--bug", "count"])
+    first = report_of(broken).get("first_nonfinite") or {}
+    found = {**finding_of(report_of(broken)), **{k: first.get(k) for k in ("rank", "first_ranks", "rank_origins")}}
+    item.figures = {"ranks": ranks, "aam_dir": aam, "healthy_exit": watched.rc, "count_exit": done.rc, **found}
+    # log(0) is born in the last rank's forward of step 2, in AAM's SampleSequenceEncoder (`sample_encoder`); a
+    # torchrun of one process is one process to debug-nan (engine/session/distributed.py detect): no rank reported
+    rank_ok = found["rank"] == ranks - 1 or (ranks == 1 and found["rank"] is None)
+    item.expect(done.rc != 0 and rank_ok and (found["step"], found["phase"], found["module"],
+                found["op"], found["cause"]) == (2, "forward", "sample_encoder", "aten.log.default",
+                                                  "log_of_nonpositive"),
+                f"count -1 on rank {ranks - 1}: exit {done.rc}, finding {found}: {tail_line(done.out)}")
+    item.summary = (f"{ranks} rank(s), nccl: healthy exit {watched.rc}; count -1 -> step {found['step']} "
+                    f"{found['phase']} {found['module']} {found['op']} rank {found['rank']}")
+
+
 IN_PROCESS = [("watch_syncs", "host syncs per watched micro-batch (promise: 1)", watch_syncs),
               ("all_masked_sdpa", "all-masked row, SDPA flash / memory-efficient -> all_masked_softmax",
                all_masked_sdpa)]
@@ -291,6 +341,8 @@ POOLED = [  # the longest first
     ("cuda_tests", "CUDA-only tests + watch sync tests (pytest)", cuda_tests),
     ("gpt_run", "`debug-nan run` on a small GPT with embeddings, no --deterministic", gpt_run),
     ("fsdp2_run", "`torchrun -m debug_nan run` on FSDP2 (NCCL on CUDA): clean output, lr 1e30 named", fsdp2_run),
+    ("aam_fsdp_run", "AAM's own `pretrain --fsdp` path under `torchrun -m debug_nan run`: clean, rank named",
+     aam_fsdp_run),
     ("memory", "peak memory, watched vs plain, each --snapshot mode", memory),
     ("all_masked_encoder", "all-masked row, nn.TransformerEncoder fast path (eval pass)", all_masked_encoder)]
 ALONE = [("oom", "a real CUDA out-of-memory: exit 2 naming the sizes", oom),

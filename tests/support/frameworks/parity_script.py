@@ -2,8 +2,11 @@
 batches and optimizer as parity.py's planted bugs, trained by a plain loop, Lightning or the HF Trainer.
 
     python parity_script.py plain|lightning|hf BUG OUTPUT_DIR
+    torchrun --nproc_per_node=2 parity_script.py fsdp2 BUG OUTPUT_DIR
 
-Prints the last loss; exits 0 (a NaN loss is printed as nan, as an unwatched script would).
+Prints the last loss; exits 0 (a NaN loss is printed as nan, as an unwatched script would). fsdp2: the plain loop
+on every rank (gloo), each GPT-2 block and the root sharded with FSDP2's `fully_shard`, every rank on the same
+batches (so the planted bug is every rank's); rank 0 prints.
 """
 
 import itertools
@@ -21,7 +24,25 @@ steps, accumulate = parity.BUGS.get(bug, (3, 1))
 model, batches, make_optimizer = parity.build(bug)
 
 held_out = parity.held_out(bug)
-if framework == "plain":
+if framework == "fsdp2":
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = make_optimizer(model.parameters())  # (on the sharded parameters, as FSDP2 wants)
+    stream = itertools.cycle(batches)
+    for step in range(1, steps + 1):
+        loss = parity.lm_loss(model, next(stream))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if dist.get_rank() == 0:
+        print(f"last loss {loss.item():.6f}")
+    dist.destroy_process_group()
+elif framework == "plain":
     optimizers = (parity.two_optimizers(model) if bug in parity.TWO_OPTIMIZER_BUGS
                   else [make_optimizer(model.parameters())])
     stream = itertools.cycle(batches)

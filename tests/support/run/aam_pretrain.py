@@ -7,32 +7,16 @@ rows: the historical PYT-8.9 NaN).
     python aam_pretrain.py [--steps N]
 
 Its dependencies that this environment lacks: scikit-learn (used only by AAM's validation metrics, which this
-script does not run): a stand-in module that raises if called takes its place.
+script does not run): a stand-in module that raises if called takes its place (aam_checkout.py).
 """
 
 import argparse
-import os
-import sys
-import types
-from importlib.machinery import ModuleSpec
 
 import torch
 
-sys.path.insert(0, os.environ["DEBUG_NAN_AAM_DIR"])  # the AAM checkout (see tests/e2e/run/test_run_aam.py)
-try:
-    import sklearn.metrics  # noqa: F401
-except ImportError:  # only AAM's validation metrics use it
-    def _missing(*args, **kwargs):
-        raise RuntimeError("scikit-learn is not installed (stand-in for AAM's validation metrics)")
+import aam_checkout
 
-    stand_in = types.ModuleType("sklearn.metrics")
-    stand_in.__spec__ = ModuleSpec("sklearn.metrics", None)
-    for name in ("mean_absolute_error", "mean_squared_error", "r2_score", "accuracy_score", "confusion_matrix",
-                 "precision_recall_fscore_support"):
-        setattr(stand_in, name, _missing)
-    sys.modules["sklearn"] = types.ModuleType("sklearn")
-    sys.modules["sklearn"].__spec__ = ModuleSpec("sklearn", None, is_package=True)
-    sys.modules["sklearn.metrics"] = stand_in
+aam_checkout.use()
 
 from aam.models.sequence_encoder import SequenceEncoder  # noqa: E402
 from aam.training.losses import MultiTaskLoss  # noqa: E402

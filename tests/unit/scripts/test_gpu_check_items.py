@@ -49,3 +49,33 @@ def test_the_output_folder_is_absolute_whatever_the_current_folder(tmp_path, mon
     here = tmp_path.resolve()
     assert out_folder(".") == here and out_folder("gpu-check/") == here / "gpu-check"
     assert out_folder(str(here / "a" / "b")) == here / "a" / "b" and out_folder("a/../c").is_absolute()
+
+
+def test_aams_fsdp_item_skips_with_its_reason_without_cuda_or_without_aams_fsdp_path(tmp_path, monkeypatch):
+    """aam_fsdp_run runs nothing without CUDA (AAM's wrap_model_fsdp refuses the CPU), nor where DEBUG_NAN_AAM_DIR
+    is unset or a checkout without aam/training/distributed.py (089f32d, test_run_aam.py's commit)."""
+    monkeypatch.setattr(sys, "path", [str(REPO / "scripts"), *sys.path])
+    from gpu_check import Item
+    from gpu_check_items import aam_fsdp_run
+
+    class Check:
+        cuda = False
+
+        def run(self, *args, **kwargs):
+            raise AssertionError("a skipped item runs no command")
+
+    old = tmp_path / "aam"
+    (old / "aam" / "training").mkdir(parents=True)
+    for cuda, aam, reason in [(False, "", "skipped (no CUDA): AAM's wrap_model_fsdp refuses the CPU"),
+                              (True, None, "DEBUG_NAN_AAM_DIR (unset) is not a checkout"),
+                              (True, str(old), f"DEBUG_NAN_AAM_DIR ({old}) is not a checkout")]:
+        if aam is None:
+            monkeypatch.delenv("DEBUG_NAN_AAM_DIR", raising=False)
+        else:
+            monkeypatch.setenv("DEBUG_NAN_AAM_DIR", aam)
+        check, item = Check(), Item("aam_fsdp_run", "AAM")
+        check.cuda = cuda
+        aam_fsdp_run(check, item)
+        assert item.status == "skipped" and item.reason.startswith(reason), item.reason
+        assert item.figures == {} and item.commands == []
+    assert item.reason.endswith("check out 6f65d20")

@@ -1,0 +1,88 @@
+"""`torchrun -m debug_nan run` of sharded Lightning and Accelerate scripts, unmodified (tests/support/run/
+lightning_sharded.py, accelerate_sharded.py): Lightning's FSDPStrategy (FSDP1) and ModelParallelStrategy (FSDP2),
+Accelerate's FSDP plugin at fsdp_version 1 and 2. CUDA only (Lightning refuses FSDPStrategy on the CPU; Accelerate
+shards only on GPUs): NCCL, one GPU per rank, 2 ranks where 2 GPUs exist, else 1. scripts/gpu_check.py runs them
+(gpu_check_items.CUDA_TESTS).
+
+Healthy: exit 0, the report clean, the script's own output (rank 0's loss per micro-batch) byte for byte.
+masked: batch 3's sample 2 has no valid key, so its softmax row in `attn` is 0/0 = NaN in the forward, on the rank
+batch 3 is dealt to (rank r trains on batches r, r + N, ...): rank 1's second micro-batch (step 2) with 2 ranks, the
+only rank's fourth (step 4) with 1 (one process: no rank reported). Rank 0's loss stays finite, its gradients go
+NaN through FSDP's reduce-scatter: rank 1 alone is first to see it.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.e2e.ddp.test_run_ddp import env
+from tests.support import SUPPORT
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: Lightning refuses FSDP on the "
+                                "CPU and Accelerate shards only on GPUs (scripts/gpu_check.py runs these)")
+LIGHTNING = str(SUPPORT / "run" / "lightning_sharded.py")
+ACCELERATE = str(SUPPORT / "run" / "accelerate_sharded.py")
+# the model the watch holds is the module whose forward the training step calls: the LightningModule inside
+# FSDPStrategy's wrapper, `net` under ModelParallelStrategy (its training_step calls self.net), Accelerate's Net
+MODULE = {"fsdp": "net.attn", "model_parallel": "attn", "1": "attn", "2": "attn"}
+# debug-nan run replays the model's forward; FSDPStrategy (as DDPStrategy) calls the LightningModule's forward only
+# through its wrapper, redirected to training_step for that call: the replay meets Lit's missing forward
+# (NotImplementedError; seen on the CPU with FSDPStrategy past its CPU check, and with strategy="ddp")
+REDIRECTED = pytest.mark.xfail(strict=True, reason="debug-nan run replays Lit.forward, which Lightning's "
+                               "FSDPStrategy redirects to training_step only inside its wrapper's call")
+
+
+def ranks() -> int:
+    return min(2, torch.cuda.device_count())
+
+
+def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks()}", *args]
+    return subprocess.run(command, cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def watched(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    report = tmp_path / "run.json"
+    done = torchrun("-m", "debug_nan", "run", "--report", str(report), "--", *args, cwd=tmp_path)
+    return done, json.loads(report.read_text()) if report.is_file() else {}
+
+
+def script_of(framework: str, strategy: str) -> list[str]:
+    """The command's words after `--`, the framework imported here first (or the test skipped without it)."""
+    pytest.importorskip("lightning.pytorch" if framework == "lightning" else "accelerate")
+    return [LIGHTNING if framework == "lightning" else ACCELERATE, strategy]
+
+
+CASES = [("lightning", "fsdp"), ("lightning", "model_parallel"), ("accelerate", "1"), ("accelerate", "2")]
+
+
+@needs_cuda
+@pytest.mark.parametrize("framework, strategy", CASES)
+def test_a_healthy_sharded_framework_run_prints_exactly_its_own_output(tmp_path, framework, strategy):
+    words = script_of(framework, strategy)
+    alone = torchrun(*words, cwd=tmp_path)
+    done, report = watched(tmp_path, *words)
+    assert alone.returncode == 0 and done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == alone.stdout and alone.stdout.count("\n") == 3  # rank 0's three micro-batches
+    assert (report["status"], report["steps_run"], report["first_nonfinite"]) == ("clean", 3, None)
+    assert "debug-nan itself failed" not in done.stderr and "without training" not in done.stderr
+
+
+@needs_cuda
+@pytest.mark.parametrize("framework, strategy", [
+    pytest.param(*case, marks=REDIRECTED) if case == ("lightning", "fsdp") else case for case in CASES])
+def test_a_nan_born_on_rank_1_is_named_on_rank_1_at_its_op(tmp_path, framework, strategy):
+    two = ranks() == 2
+    done, report = watched(tmp_path, *script_of(framework, strategy), "--bug", "masked", "--steps", "4")
+    assert done.returncode != 0 and report.get("status") == "nonfinite", done.stderr[-3000:]
+    first = report["first_nonfinite"]
+    assert (first["step"], first["micro_step"], first["phase"], first["module"], first["module_type"]) == (
+        2 if two else 4, 1, "forward", MODULE[strategy], "MaskedAttention")
+    assert (first["op"], first["cause"]) == ("aten._softmax.default", "all_masked_softmax")
+    assert (first["rank"], first["first_ranks"]) == ((1, [1]) if two else (None, None))
+    assert first["source"] == "tests/support/models.py:35"  # MaskedAttention's softmax line
+    if two:  # the ranks replayed together: the model was sharded (DDP's ranks replay alone)
+        assert "every rank replays with them (the model is sharded)" in done.stderr
