@@ -132,6 +132,11 @@ def exit_code(code) -> int:
     return 1
 
 
+# The namespaces of the commands that ran, kept to the end as plain Python keeps `__main__`'s: freed on return, a
+# script's objects (a gloo process group among them) would be destroyed while its threads still need the GIL.
+_FINISHED: list = []
+
+
 def run(command: Command) -> int:
     """Run the command here -> its exit code. Exceptions other than SystemExit propagate (the caller decides)."""
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
@@ -145,7 +150,7 @@ def run(command: Command) -> int:
             _run_script(command.target)
         elif command.kind == "module":
             sys.path[0] = os.getcwd()
-            runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+            _FINISHED.append(runpy.run_module(command.target, run_name="__main__", alter_sys=True))
         else:
             function = metadata.EntryPoint(name="", value=command.target, group="console_scripts").load()
             return exit_code(function())
@@ -168,6 +173,7 @@ def _run_script(path: str) -> None:
         "__main__", path), __package__=None, __spec__=None, __builtins__=builtins)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
+    _FINISHED.append(module)
     try:
         exec(code, module.__dict__)
     finally:
@@ -182,6 +188,7 @@ def _run_main_of_folder() -> None:
         _, spec, code = runpy._get_main_module_details()  # noqa: SLF001 - what `python app/` runs
         module = type(sys)("__main__")
         sys.modules["__main__"] = module
+        _FINISHED.append(module)
         runpy._run_code(code, module.__dict__, None, "__main__", spec)  # noqa: SLF001
     finally:
         sys.modules["__main__"] = saved

@@ -2,9 +2,11 @@
 when one is wrong, and the exit codes as Python maps them."""
 
 
+import sys
+
 import pytest
 
-from debug_nan.app.command import exit_code, resolve
+from debug_nan.app.command import exit_code, resolve, run
 from debug_nan.errors import InputError
 
 
@@ -37,3 +39,19 @@ def test_resolve_says_what_is_wrong(tmp_path, monkeypatch, words, message):
 def test_exit_codes_as_python_maps_them(capsys):
     assert (exit_code(None), exit_code(3)) == (0, 3)
     assert exit_code("stopped: bad data") == 1 and capsys.readouterr().err == "stopped: bad data\n"
+
+
+def test_a_finished_scripts_objects_live_on_as_plain_pythons_main_does(tmp_path, monkeypatch):
+    """Freed when the script returned, its objects' destructors ran in the middle of debug-nan's own work: a gloo
+    process group's hung the rank (its thread needed the GIL the destructor held; a third of the runs of an
+    Accelerate loop under torchrun). Plain Python frees `__main__` at exit; so does `run` now."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("import weakref\nclass Group: pass\ngroup = Group()\n"
+                                       "import sys; sys.modules['_dn_probe'] = weakref.ref(group)\n")
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    try:
+        assert run(resolve(["python", "train.py"])) == 0
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    probe = sys.modules.pop("_dn_probe")
+    assert probe() is not None and type(probe()).__name__ == "Group"
