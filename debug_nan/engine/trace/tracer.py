@@ -303,13 +303,11 @@ class Tracer(TorchDispatchMode):
         return event
 
     def _lineage_of(self, original, value, name, func, nan: bool, inf: bool) -> tuple[frozenset, frozenset]:
-        """The origins a non-finite input carries; a value nobody traced (a buffer, a constant, a parameter left
-        non-finite and not marked) becomes an origin of its own here, where the replay first meets it."""
+        """The origins a non-finite input carries; one nobody traced (a buffer, a constant) is an origin where met."""
         nan_ids, inf_ids = self.lineage.get(original) or (NO_IDS, NO_IDS)
         missing_nan, missing_inf = nan and not nan_ids, inf and not inf_ids
-        if (missing_nan or missing_inf) and self.lineage.private and called_from(FSDP_CODE):
-            return nan_ids, inf_ids  # FSDP's re-allocated buffer: garbage its all-gather overwrites, no origin
-        if missing_nan or missing_inf:
+        # (met in FSDP's own code: a buffer it re-allocated, garbage its all-gather overwrites, is no origin)
+        if (missing_nan or missing_inf) and not (self.lineage.private and called_from(FSDP_CODE)):
             event = self._adopt(original, value, name, func, missing_nan)
             own = frozenset([event.id])
             nan_ids, inf_ids = nan_ids | (own if missing_nan else NO_IDS), inf_ids | (own if missing_inf else NO_IDS)
