@@ -197,7 +197,7 @@ def oom(check, item) -> None:
 
 def memory(check, item) -> None:
     """Peak memory watched vs plain, each --snapshot mode (scripts/bench_memory.py, each run its own process)."""
-    runs = ([("aam-tiny", "plain,host")] if check.quick  # (the GPT sizes: tests/e2e/scripts/test_benchmarks.py)
+    runs = ([("aam-tiny", "plain,host,off")] if check.quick  # (the GPT sizes in the full check only)
             else [("aam", "plain,host,device,params,off"), ("100m", "plain,host,device,params,off")])
     said = []
     for size, modes in runs:
@@ -217,6 +217,12 @@ def memory(check, item) -> None:
         "; ".join(said)
 
 
+# --quick (the CPU suite's smoke run, tests/e2e/scripts/test_gpu_check.py): every mode of bench_overhead.py once
+OVERHEAD_MODES = {False: ("plain", "watch", "monitor", "trace", "detect_anomaly"),
+                  True: ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace",
+                         "detect_anomaly", "naive_hooks")}
+
+
 def overhead(check, item) -> None:
     """watch / Monitor / trace / detect_anomaly ratios to a plain step, modes side by side in one process per shape,
     order rotated (scripts/bench_overhead.py)."""
@@ -225,7 +231,7 @@ def overhead(check, item) -> None:
     said = []
     for model, extra in shapes:
         data = bench(check, item, model, ["scripts/bench_overhead.py", "--device", check.device, "--model", model,
-                                          *extra, "--modes", "plain,watch,monitor,trace,detect_anomaly", "--repeats",
+                                          *extra, "--modes", ",".join(OVERHEAD_MODES[check.quick]), "--repeats",
                                           "1" if check.quick else "3", "--warmup", "0" if check.quick else "1"])
         if data is None:
             continue

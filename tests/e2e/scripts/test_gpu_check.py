@@ -39,7 +39,7 @@ def test_quick_run_passes_with_real_figures(quick):
     run takes a minute of the suite's two CPUs)."""
     passes_and_writes_json_and_table(*quick)
     figures_are_real(quick[2])
-    benchmark_figures_are_real(quick[2])
+    benchmark_figures_are_real(quick[2], quick[3])
 
 
 def passes_and_writes_json_and_table(proc, report, items, out):
@@ -96,13 +96,25 @@ def figures_are_real(items):
         assert not items[name]["commands"] and not items[name]["figures"]
 
 
-def benchmark_figures_are_real(items):
+def benchmark_figures_are_real(items, out):
+    """The memory and overhead items, and the JSON of the benchmark scripts they ran (each mode of each script:
+    scripts/bench_memory.py and bench_overhead.py are tested here, where the quick run runs them anyway)."""
     memory = items["memory"]["figures"]["aam-tiny"]
     assert memory["measure"] == "peak_rss_mb" and memory["plain"]["x_plain"] == 1.0 and memory["host"]["mb"] > 0
     assert memory["host"]["cuda_max_allocated_mb"] == NO_CUDA and memory["parameters"] > 30_000
+    results = json.loads((out / "gpu-check-files" / "memory" / "aam-tiny" / "bench.json").read_text())["results"]
+    assert [r["mode"] for r in results] == ["plain", "host", "off"]  # each in its own process, the same model
+    assert all(r["params"] == memory["parameters"] and r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0
+               and r["cuda_max_allocated_mb"] is None for r in results)
     overhead = items["overhead"]["figures"]["aam"]
-    assert set(overhead["ratio_to_plain"]) == {"plain", "watch", "monitor", "trace", "detect_anomaly"}
+    modes = {"plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly",
+             "naive_hooks"}
+    assert set(overhead["ratio_to_plain"]) == modes
     assert overhead["ratio_to_plain"]["plain"] == 1.0 and overhead["host_syncs_per_watch_step"] == NO_CUDA
+    data = json.loads((out / "gpu-check-files" / "overhead" / "aam" / "bench.json").read_text())
+    assert set(data["ms_per_step"]) == modes and all(v > 0 for v in data["ms_per_step"].values())
+    assert data["device"].startswith("cpu") and data["model"] == "aam" and data["config"]["token_limit"] == 24
+    assert all(len(v) == 1 for v in data["samples_ms"].values())
     run = items["run_overhead"]["figures"]["tiny"]
     assert run["plain_ms"] > 0 and run["run_ms"] > 0 and len(run["pairs"]) == 1
 
