@@ -11,7 +11,8 @@
 #  * The test extras (pytest, transformers, lightning, ...) are installed at the versions in constraints.txt (the
 #    tested ones) in ./.venv and when CI=true; torch is never in it.
 # Overrides (tests, unusual machines): DEBUG_NAN_GPU=0|1 instead of nvidia-smi; DEBUG_NAN_PIP=CMD instead of
-# "python -m pip"; DEBUG_NAN_TORCH_INDEX=cpu|default to choose the index; DEBUG_NAN_CONSTRAINTS=0|1 to use constraints.txt never / always.
+# "python -m pip"; DEBUG_NAN_TORCH_INDEX=cpu|default to choose the index; DEBUG_NAN_CONSTRAINTS=0|1 to use constraints.txt never / always;
+# DEBUG_NAN_EXTRAS_WITH_UV=1 (CI) to install the test extras into ./.venv with uv instead of pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_PIN="torch==2.13.0"
@@ -91,5 +92,12 @@ if [[ "${DEBUG_NAN_CONSTRAINTS:-}" != 0 ]] && [[ "$PY" != python || "${CI:-}" ==
     CONSTRAINTS=(-c constraints.txt)
     echo "setup: test extras pinned to the tested versions in constraints.txt"
 fi
-pip_ install -q -e ".[test]" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"}  # (an empty array is unbound under set -u in bash < 4.4)
+if [[ "${DEBUG_NAN_EXTRAS_WITH_UV:-}" == 1 && "$PY" != python ]]; then
+    # (CI: uv, pinned, installs the same pinned extras in parallel in a fraction of pip's CPU time; torch, already
+    # installed by pip above from wherever it came, satisfies them and stays)
+    pip_ install -q "uv==0.13.9"
+    .venv/bin/uv pip install -q --python "$PY" -e ".[test]" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"}
+else
+    pip_ install -q -e ".[test]" ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"}  # (an empty array is unbound under set -u in bash < 4.4)
+fi
 echo "setup: done ($("$PY" -c 'import torch, debug_nan; print("debug-nan", debug_nan.__version__, "torch", torch.__version__)'))"
