@@ -144,9 +144,9 @@ def _wait_for_the_group(proc: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError("the job was still running")
 
 
-@pytest.mark.parametrize("pipeline", ["", "2>&1 | tee out.txt"], ids=["alone", "tee"])
-@pytest.mark.parametrize("task, steps, code, status", [("waits_for_hang_up", 12, 0, "clean"),
-                                                        ("waits_for_hang_up_then_nan", 12, 1, "nonfinite")])
+@pytest.mark.parametrize("pipeline, task, steps, code, status", [  # (each task and each pipeline once)
+    ("", "waits_for_hang_up", 12, 0, "clean"),
+    ("2>&1 | tee out.txt", "waits_for_hang_up_then_nan", 12, 1, "nonfinite")], ids=["alone-clean", "tee-nonfinite"])
 def test_a_hang_up_lets_the_run_finish_as_nohup_would(tmp_path, pipeline, task, steps, code, status):
     env = _folder(tmp_path)
     command = (f"{DEBUG_NAN} --task faults.py:{task} --device cpu --max-steps {steps} --report r.json "
