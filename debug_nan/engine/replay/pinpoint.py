@@ -134,6 +134,12 @@ class Pinpointer:
                 self.facts.grads_nonfinite = nonfinite_names(named)
         return tracer, origin, exc, batch
 
+    def take_part(self, inputs: StepInputs, micro: int) -> None:
+        """FSDP: this rank's micro-batch did not trip, but the tripping ranks' replay all-gathers with it: replay it
+        too, as they do theirs (not where it ran under the live tracer, which they explain without a replay)."""
+        if self.live is None or not self.live.covers(inputs.step, micro, False):
+            self.replay(inputs, micro)
+
     def trace_buffer_writers(self, inputs: StepInputs, micro: int, checks: list[Check]) -> None:
         """The watch saw buffers turn non-finite in micro-batch `micro` of step `inputs.step` (no harm yet): replay
         that micro-batch's forward and loss under the tracer, from the step's snapshot, and keep the op that wrote

@@ -217,9 +217,9 @@ class StepSession:
         replays, traces = plan.replays(agreement.ctx.rank)
         outcome = None
         try:
-            if replays and not o.harmed:  # FSDP: the tripping ranks' replay all-gathers with this rank's replay
-                if self.copies.at(o.inputs) is None:  # (of its own micro-batch, which did not trip: no finding)
-                    self.pinpointer.replay(o.inputs, o.micro)
+            if replays and not o.harmed:  # FSDP: its replay takes part in the tripping ranks' collectives
+                if self.copies.at(o.inputs) is None:  # (a replay needs the copy of this step, as theirs does)
+                    self.pinpointer.take_part(o.inputs, o.micro)
             else:
                 outcome = self.pinpoint(o, traces) if replays else None
         except BaseException as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
