@@ -217,12 +217,6 @@ def memory(check, item) -> None:
         "; ".join(said)
 
 
-# --quick (the CPU suite's smoke run, tests/e2e/scripts/test_gpu_check.py): every mode of bench_overhead.py once
-OVERHEAD_MODES = {False: ("plain", "watch", "monitor", "trace", "detect_anomaly"),
-                  True: ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace",
-                         "detect_anomaly", "naive_hooks")}
-
-
 def overhead(check, item) -> None:
     """watch / Monitor / trace / detect_anomaly ratios to a plain step, modes side by side in one process per shape,
     order rotated (scripts/bench_overhead.py)."""
@@ -230,9 +224,11 @@ def overhead(check, item) -> None:
               else [("aam", ["--config", "configs/aam.toml"]), ("deep", []), ("gpt2", [])])
     said = []
     for model, extra in shapes:
+        # (--quick, the CPU suite's smoke run: bench_overhead.py's own default, its every mode, once each)
+        modes = [] if check.quick else ["--modes", "plain,watch,monitor,trace,detect_anomaly"]
         data = bench(check, item, model, ["scripts/bench_overhead.py", "--device", check.device, "--model", model,
-                                          *extra, "--modes", ",".join(OVERHEAD_MODES[check.quick]), "--repeats",
-                                          "1" if check.quick else "3", "--warmup", "0" if check.quick else "1"])
+                                          *extra, *modes, "--repeats", "1" if check.quick else "3", "--warmup",
+                                          "0" if check.quick else "1"])
         if data is None:
             continue
         ratio = {m: round(r, 3) for m, r in data["ratio_to_plain"].items()}
