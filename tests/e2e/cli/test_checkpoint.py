@@ -20,18 +20,20 @@ def args(name: str = "build", *more: str) -> list[str]:
     return ["--task", f"{TASK}:{name}", "--device", "cpu", "--no-bundle", *more]
 
 
-def plain_run(tmp_path: Path, layout) -> tuple[Path, int]:
+def plain_run(tmp_path: Path, layout, ranks: int = 1) -> tuple[Path, int]:
     """Train the task in plain PyTorch, save `layout(model, optimizer, step)` after step K, and go on to the first
-    non-finite loss -> (checkpoint path, the step of that loss)."""
+    non-finite loss -> (checkpoint path, the step of that loss). ranks=2: what two DDP ranks do, in one process:
+    step s deals micro-batch 2(s-1) to rank 0 and 2(s-1)+1 to rank 1 (drivers/task.py: micro-batch i goes to rank
+    i % 2) and averages their gradients; the first step where either rank's loss is not finite."""
     t = resume_task.build()
     model, optimizer, batches = t["model"], t["optimizer"](t["model"].parameters()), t["batches"]
     path = tmp_path / "ckpt.pt"
     for step in range(1, 200):
-        loss = t["loss"](model, batches[(step - 1) % len(batches)])
-        if not math.isfinite(loss.item()):
+        losses = [t["loss"](model, batches[(ranks * (step - 1) + r) % len(batches)]) for r in range(ranks)]
+        if not all(math.isfinite(loss.item()) for loss in losses):
             return path, step
         optimizer.zero_grad()
-        loss.backward()
+        (sum(losses) / ranks).backward()
         optimizer.step()
         if step == K:
             torch.save(layout(model, optimizer, step), path)

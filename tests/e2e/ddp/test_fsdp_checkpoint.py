@@ -7,40 +7,11 @@ The task (tests/support/tasks/resume_task.py) drives one weight towards log(2 - 
 a run that continues from step K's weight AND momentum reaches the NaN at the plain loop's step."""
 
 import json
-import math
-from pathlib import Path
 
 import pytest
-import torch
 
+from tests.e2e.cli.test_checkpoint import K, TASK, plain_run, usual
 from tests.e2e.ddp.test_run_ddp import torchrun
-from tests.support.tasks import resume_task
-
-TASK = Path(resume_task.__file__)
-K = 10  # the plain loop saves its checkpoint after this many optimizer steps
-
-
-def two_rank_plain_run(tmp_path: Path, layout) -> tuple[Path, int]:
-    """What two DDP ranks do, in one process: step s deals micro-batch 2(s-1) to rank 0 and 2(s-1)+1 to rank 1
-    (drivers/task.py: micro-batch i goes to rank i % 2), averages their gradients and steps. Saves `layout(model,
-    optimizer, step)` after step K -> (checkpoint path, the first step where either rank's loss is not finite)."""
-    t = resume_task.build()
-    model, optimizer, batches = t["model"], t["optimizer"](t["model"].parameters()), t["batches"]
-    path = tmp_path / "ckpt.pt"
-    for step in range(1, 200):
-        losses = [t["loss"](model, batches[(2 * (step - 1) + r) % len(batches)]) for r in (0, 1)]
-        if not all(math.isfinite(loss.item()) for loss in losses):
-            return path, step
-        optimizer.zero_grad()
-        (sum(losses) / 2).backward()
-        optimizer.step()
-        if step == K:
-            torch.save(layout(model, optimizer, step), path)
-    raise AssertionError("the plain loop never went non-finite")
-
-
-def by_number(model, optimizer, step):
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
 
 
 def by_name(model, optimizer, step):
@@ -55,10 +26,10 @@ def by_name(model, optimizer, step):
                                                       for g in number["param_groups"]]}}
 
 
-@pytest.mark.parametrize("layout", [by_number, by_name])
+@pytest.mark.parametrize("layout", [usual, by_name])  # (usual: keyed by parameter number)
 def test_a_sharded_resume_reaches_the_plain_loops_nan_at_the_same_step(tmp_path, layout):
-    path, nan_step = two_rank_plain_run(tmp_path, layout)
-    assert nan_step > K + 3  # the NaN is well after the checkpoint
+    path, nan_step = plain_run(tmp_path, layout, ranks=2)
+    assert nan_step > K + 3  # the NaN is well after the checkpoint (K: 20 optimizer steps)
     proc = torchrun("-m", "debug_nan", "--task", f"{TASK}:build", "--device", "cpu", "--fsdp", "--no-bundle",
                     "--checkpoint", str(path), "--skip-batches", str(K), "--max-steps", "30", "--report", "r.json",
                     cwd=tmp_path)
