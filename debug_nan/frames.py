@@ -33,6 +33,9 @@ TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "util
 
 # FSDP's own code: it re-allocates its all-gather buffers by resizing their storage (garbage until written)
 FSDP_CODE = os.path.join(TORCH_DIR, "distributed", "fsdp", "")
+# torch's collectives (all_gather, reduce_scatter_tensor, ...): ops run there carry out a collective (gloo reduces
+# a copy of the input, then splits it), not the script's computation
+C10D_CODE = os.path.join(TORCH_DIR, "distributed", "distributed_c10d.py")
 
 
 def called_from(prefix: str) -> bool:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of
+from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of, redirected_forward
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
@@ -198,6 +198,7 @@ class Hooks(WatchedOptimizer):
                 self._calls[-1] = tape.model_call(args, kwargs)
             if self.models is not None:  # (several optimizers: which of the models the replay calls)
                 self._calls[-1].member = self.model_path(module)
+            self._calls[-1].forward = redirected_forward(bare(module))  # (Lightning's strategies)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
         if self.is_paused or not self._calls:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -22,6 +23,50 @@ def bare(module: nn.Module) -> nn.Module:
             module = module._orig_mod
         else:
             return module
+
+
+WRAPPED = ("module", "_fsdp_wrapped_module", "_orig_mod", "_forward_module")  # wrappers' attribute for the wrapped
+
+
+def redirected_forward(module: nn.Module) -> tuple[str, str] | None:
+    """The method a strategy made the forward of `module` (or of the module it wraps, FSDP1's) for this call:
+    (that module's path under `module`, the method's name), else None. Lightning's DDP and FSDP strategies set the
+    LightningModule's `forward` to a function that runs `training_step`, then call their wrapper; the replay
+    calls the model itself, so it makes the same redirection (`forward_as`)."""
+    path = ""
+    for _ in range(4):
+        patched = vars(module).get("forward")
+        for cell in getattr(patched, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # (an empty cell)
+                continue
+            if isinstance(value, str) and value != "forward" and callable(getattr(type(module), value, None)):
+                return path, value
+        inner = next((a for a in WRAPPED if isinstance(vars(module).get("_modules", {}).get(a), nn.Module)), None)
+        if inner is None:
+            return None
+        module, path = getattr(module, inner), f"{path}.{inner}" if path else inner
+    return None
+
+
+@contextmanager
+def forward_as(model: nn.Module, redirect: tuple[str, str] | None):
+    """Inside: the forward of `model`'s module at the path is its method named as redirected_forward found it in
+    the run; after: as it was."""
+    if redirect is None:
+        yield
+        return
+    module, missing = model.get_submodule(redirect[0]), object()
+    was = vars(module).get("forward", missing)
+    module.forward = getattr(module, redirect[1])
+    try:
+        yield
+    finally:
+        if was is missing:
+            del module.forward
+        else:
+            module.forward = was
 
 
 def batch_of(args: tuple, kwargs: dict):

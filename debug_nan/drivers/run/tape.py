@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from debug_nan.drivers.run.model_calls import attribute, held_by, stashed, stashed_by_hook
+from debug_nan.drivers.run.model_calls import attribute, forward_as, held_by, stashed, stashed_by_hook
 from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.frames import replayed_at, user_location
 
@@ -48,6 +48,7 @@ class Entry:
     outputs: list  # the slot of each tensor output, in the output's flattened order (None: not a tensor)
     location: tuple | None = None  # (filename, lineno) of the user's line that made the call
     member: str | None = None  # a model call where the run has several optimizers: the module's path in the model
+    forward: tuple | None = None  # a call whose forward a strategy redirected: (path, "training_step"), Lightning's
 
 
 class _ModelCall:
@@ -223,7 +224,9 @@ class Tape:
                 else:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
-                out = (call_model if entry.member is None else call_model.get_submodule(entry.member))(*args, **kwargs)
+                called = call_model if entry.member is None else call_model.get_submodule(entry.member)
+                with forward_as(called, entry.forward):
+                    out = called(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 with replayed_at(entry.location):

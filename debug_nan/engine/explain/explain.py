@@ -12,6 +12,7 @@ from torch import nn
 from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
 from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
+from debug_nan.engine.sharded import user_path
 from debug_nan.engine.trace.tracer import OpEvent
 from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.watch_result import Check
@@ -41,8 +42,9 @@ def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
         if replayed and ("nan" in replayed) != ("nan" in check.nonfinite):
             return (f" The watch saw the run's loss {check.nonfinite}; this replay from the same state computed "
                     f"{replayed}: the run's kernels computed it otherwise, and the op named is the replay's.")
-    if check.kind == CheckKind.GRAD and facts.grads_nonfinite and check.name not in facts.grads_nonfinite:
-        others = sorted(facts.grads_nonfinite)
+    replayed_grads = {user_path(n) for n in facts.grads_nonfinite or ()}  # (named as the watch names them)
+    if check.kind == CheckKind.GRAD and replayed_grads and check.name not in replayed_grads:
+        others = sorted(replayed_grads)
         return (f" The watch saw the run's gradient of `{check.name}` go {check.nonfinite}; in this replay from "
                 f"the same state it stayed finite, and {len(others)} other parameter(s)' did not (`{others[0]}` "
                 f"first): the run's kernels computed it otherwise, and the op named is the replay's.")

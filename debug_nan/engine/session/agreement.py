@@ -19,7 +19,7 @@ from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.session.distributed import DistContext, agree, broadcast, gather_objects
 from debug_nan.engine.session.outcome import MicroOutcome
-from debug_nan.engine.vocabulary import CheckKind
+from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.history import StepRecord
 from debug_nan.engine.watch.phase_codes import ABORT_CODE, CODE_PHASE, PHASE_CODE
 from debug_nan.errors import InputError, describe_exception
@@ -55,7 +55,8 @@ MADE, RECEIVED, SEEN = 3.0, 2.0, 1.0  # what a rank's replay found: an op that m
 def _origin_line(outcome) -> str:
     """What this rank's own replay found, in one line (the report's `rank_origins`)."""
     if isinstance(outcome, Finding):
-        where = f"{outcome.phase} {outcome.op or '(no op)'} in `{outcome.module or '<loss code>'}`"
+        module = outcome.module or ("<loss code>" if outcome.phase == Phase.LOSS else "<model root>")
+        where = f"{outcome.phase} {outcome.op or '(no op)'} in `{module}`"
         return f"{where} at {outcome.source or '?'}: {outcome.cause} ({outcome.detected_by})"
     if outcome is None:
         return "not replayed"

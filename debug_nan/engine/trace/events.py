@@ -131,6 +131,23 @@ def split_foreach(func, args, kwargs) -> list[tuple[tuple, dict]] | None:
              {k: pick(k, v, i) for k, v in kwargs.items()}) for i in range(n)]
 
 
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+def collective_buffers(func, args, kwargs) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """For a collective (c10d's ops, the functional ones DTensor uses): (the buffers it writes whole with the
+    ranks' values: `output_tensor`, `output_tensors`, nested lists too; this rank's other tensors, what it sends);
+    None for any other op. Their schemas mark no write, and the work may finish after the call returns."""
+    if getattr(func, "namespace", None) not in COLLECTIVE_NAMESPACES:
+        return None
+    names = [a.name for a in func._schema.arguments]
+    written, sent = [], []
+    for name, value in list(zip(names, args)) + list(kwargs.items()):
+        tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        (written if name.startswith("output") else sent).extend(tensors)
+    return written, sent
+
+
 def base_arg_name(name: str) -> str:
     """'self[3]' -> 'self'."""
     return name.split("[", 1)[0]

@@ -26,7 +26,7 @@ from collections import deque
 import torch
 from torch.utils._pytree import tree_map
 
-from debug_nan.engine.trace.events import OpEvent, has_nonfinite
+from debug_nan.engine.trace.events import OpEvent, has_nonfinite, nonfinite_flags
 
 NO_IDS: frozenset = frozenset()
 
@@ -176,6 +176,24 @@ class Lineage:
             key = storage_key(t)
             old = self._descent.get(key) if id(t) in dests and not covers_storage(t) else None
             self._descent[key] = ids | old if old is not None else ids
+
+    def collected(self, written: list[torch.Tensor], sent: list[torch.Tensor]) -> None:
+        """A collective writes `written` whole with every rank's values from what each sent: they carry the origins
+        of this rank's non-finite values among `sent` (its own share of the result); what other ranks sent is
+        judged where this rank's code uses it. Old lineage and descent of the written storages end."""
+        flags = nonfinite_flags(sent) if self._sets and sent else []
+        nan_ids, inf_ids = set(), set()
+        for t, (nan, inf) in zip(sent, flags):
+            entry = self._sets.get(storage_key(t)) if nan or inf else None
+            if entry is not None:
+                nan_ids |= entry[0] if nan else NO_IDS
+                inf_ids |= entry[1] if inf else NO_IDS
+        for t in written:
+            if covers_storage(t):
+                self._sets.pop(storage_key(t), None)
+                self._descent.pop(storage_key(t), None)
+            if nan_ids or inf_ids:
+                self.assign(t, frozenset(nan_ids), frozenset(inf_ids), replace=covers_storage(t))
 
     def cleared(self, written: list[torch.Tensor]) -> None:
         """These tensors were just written and are finite: their storage's lineage ends, unless other regions of

@@ -37,6 +37,7 @@ from debug_nan.engine.trace.events import (
     UNINITIALISED,
     OpEvent,
     base_arg_name,
+    collective_buffers,
     has_nonfinite,
     named_tensors,
     nonfinite_flags,
@@ -50,7 +51,7 @@ from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, Mo
 from debug_nan.engine.trace.module_context import forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import FSDP_CODE, called_from, user_frame
+from debug_nan.frames import C10D_CODE, FSDP_CODE, called_from, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
@@ -130,10 +131,8 @@ class Tracer(TorchDispatchMode):
     def origin_of(self, tensors) -> OpEvent | None:
         """The earliest origin in the lineage of harmed values (a tensor, or any nest of them: the loss and its
         parts, gradients, parameters, optimizer states), leaving out Infs written on purpose (masks) unless
-        nothing else is there. A NaN harm's lineage: its NaN origins and the Inf origins that fed them (so an
-        overflow upstream of `inf - inf` is the answer, the -inf mask under a fully masked softmax is not). An
-        Inf-only harm's lineage: its Inf origins. Either way, a backward origin brings the forward origin of its
-        node. None when no harmed value is non-finite or none was made under the tracer."""
+        nothing else is there (Lineage.earliest says which lineage). None when no harmed value is non-finite or
+        none was made under the tracer."""
         flat = [t for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)]
         with _disable_current_modes():
             flags = nonfinite_flags(flat)
@@ -151,12 +150,6 @@ class Tracer(TorchDispatchMode):
         self.consequence = self.lineage.consequence(origin) if origin is not None else None
         return origin
 
-    @staticmethod
-    def inf_sources(event: OpEvent) -> list[OpEvent]:
-        """For a NaN origin: the Inf origins its inputs carried (the overflow behind an `inf - inf`), earliest
-        first; empty otherwise."""
-        return list(event.inf_sources)
-
     def _module_output(self, output, path: str = "") -> None:
         """After each module's forward: does the last deliberate Inf (a mask) reach a module output? And, once any
         value is non-finite, which module outputs hold NaN/Inf (`nonfinite_outputs`: a finding must not say the
@@ -164,10 +157,9 @@ class Tracer(TorchDispatchMode):
         if len(self.lineage) and len(self.nonfinite_outputs) < 64:
             with _disable_current_modes():
                 flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
-                ids = set()
-                for t, (nan, inf) in zip(flat, nonfinite_flags(flat)):
-                    entry = self.lineage.get(t) if nan or inf else None
-                    ids |= (entry[0] | entry[1]) if entry is not None else set()
+                entries = [self.lineage.get(t) if nan or inf else None for t, (nan, inf) in
+                           zip(flat, nonfinite_flags(flat))]
+                ids = {i for e in entries if e is not None for i in e[0] | e[1]}
                 if ids:
                     self.nonfinite_outputs.append((path, frozenset(ids)))
         if self.first is None and self.module_inf is None and self._last_inf is not None:
@@ -221,6 +213,14 @@ class Tracer(TorchDispatchMode):
         info = op_info(func)
         if info.name in UNINITIALISED:  # garbage by definition; what is written into it later is judged
             return func(*args, **kwargs)
+        buffers = collective_buffers(func, args, kwargs)
+        if buffers is not None or called_from(C10D_CODE):
+            # a collective and the ops carrying it out (maybe after it returns): its buffers carry this rank's own
+            # share; their old contents (FSDP's garbage) are none, what other ranks sent is judged where used
+            out = func(*args, **kwargs)
+            if buffers is not None:
+                self.lineage.collected(*buffers)
+            return out
         written, before = [], None
         if info.mutable and not info.overwriting:
             # judging an in-place op needs its destinations' values from before it: for a foreach op over a whole

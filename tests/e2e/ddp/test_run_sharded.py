@@ -42,15 +42,14 @@ def test_a_huge_learning_rate_is_named_with_the_user_s_module_names(tmp_path, sh
     done, data = watched(tmp_path, "--shard", shard, "--bug", "lr")
     assert done.returncode != 0 and done.stdout == "step 1 loss 1.752029\n", done.stderr
     first = data["first_nonfinite"]
-    # both ranks' forwards overflow: the rank named is one whose own replay named the op (rank 0 unless its replay
-    # met the value first elsewhere: FSDP2's replay on rank 0 sometimes does, see rank_origins)
+    # both ranks' forwards overflow, each replay names the op (not the garbage FSDP's all-gather buffers held
+    # before the collective wrote them): the first rank is named
     assert (first["step"], first["micro_step"], first["phase"], first["first_ranks"]) == (2, 1, "forward", [0, 1])
-    assert first["rank"] in (0, 1) and "aten.mm.default" in first["rank_origins"][str(first["rank"])]
+    assert first["rank"] == 0 and all("aten.mm.default" in first["rank_origins"][r] for r in ("0", "1"))
     assert (first["module"], first["module_type"], first["op"], first["cause"], first["kind"]) == (
         "cascade_stages.0.encoder.self_attn", "MultiheadAttention", "aten.mm.default", "overflow", "inf")
     assert "_fsdp_wrapped_module" not in done.stderr
-    if first["rank"] == 0:  # (rank 0's lines are shown; another rank's are held back when the ranks end together)
-        assert "[bundle] no repro bundle: the model is sharded" in done.stderr
+    assert "[bundle] no repro bundle: the model is sharded" in done.stderr
 
 
 def test_one_corrupt_value_in_rank_1s_batch_is_rank_1s(tmp_path):
@@ -96,6 +95,19 @@ def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_
     origins = first["rank_origins"]  # each rank's own origin is kept: rank 0 received it in the loss code
     assert origins["0"].startswith("loss (no op) in `<loss code>`") and "nonfinite_input" in origins["0"]
     assert origins["1"].startswith("forward aten._scaled_dot_product_flash_attention_for_cpu.default")
+
+
+def test_a_nan_only_the_gradients_carry_is_followed_through_fsdp1s_reduce_scatter_to_rank_1s_op(tmp_path):
+    """AAM's own `--fsdp` shape: rank 1's forward makes log(0) = -inf and drops it with torch.where; only its
+    gradients go NaN (0 / 0 in log's backward), and FSDP1's reduce-scatter (gloo: a reduced copy, then split) makes
+    every rank's NaN. Rank 1's gradients carry its own share through the collective: its op is named."""
+    done, data = watched(tmp_path, "--shard", "fsdp1", "--bug", "hidden")
+    assert done.returncode != 0 and done.stdout == "step 1 loss 1.752651\n", done.stderr
+    first = data["first_nonfinite"]
+    assert (first["step"], first["phase"], first["rank"], first["first_ranks"]) == (2, "forward", 1, [0, 1])
+    assert (first["module"], first["op"], first["cause"]) == ("", "aten.log.default", "log_of_nonpositive")
+    assert first["rank_origins"]["1"].startswith("forward aten.log.default in `<model root>` at ")
+    assert "the run's kernels computed it otherwise" not in first["explanation"]
 
 
 def test_a_nan_learning_rate_under_fsdp2_is_the_watch_s_finding_with_the_reason(tmp_path):

@@ -2,7 +2,8 @@
 lightning_sharded.py, accelerate_sharded.py): Lightning's FSDPStrategy (FSDP1) and ModelParallelStrategy (FSDP2),
 Accelerate's FSDP plugin at fsdp_version 1 and 2. CUDA only (Lightning refuses FSDPStrategy on the CPU; Accelerate
 shards only on GPUs): NCCL, one GPU per rank, 2 ranks where 2 GPUs exist, else 1. scripts/gpu_check.py runs them
-(gpu_check_items.CUDA_TESTS).
+(gpu_check_items.CUDA_TESTS). And, on the CPU, Lightning's DDPStrategy, whose forward redirection FSDPStrategy
+shares.
 
 Healthy: exit 0, the report clean, the script's own output (rank 0's loss per micro-batch) byte for byte.
 masked: batch 3's sample 2 has no valid key, so its softmax row in `attn` is 0/0 = NaN in the forward, on the rank
@@ -28,13 +29,6 @@ ACCELERATE = str(SUPPORT / "run" / "accelerate_sharded.py")
 # the model the watch holds is the module whose forward the training step calls: the LightningModule inside
 # FSDPStrategy's wrapper, `net` under ModelParallelStrategy (its training_step calls self.net), Accelerate's Net
 MODULE = {"fsdp": "net.attn", "model_parallel": "attn", "1": "attn", "2": "attn"}
-# debug-nan run replays the model's forward; FSDPStrategy (as DDPStrategy) calls the LightningModule's forward only
-# through its wrapper, redirected to training_step for that call: the replay meets Lit's missing forward
-# (NotImplementedError; seen on the CPU with FSDPStrategy past its CPU check, and with strategy="ddp")
-REDIRECTED = pytest.mark.xfail(strict=True, reason="debug-nan run replays Lit.forward, which Lightning's "
-                               "FSDPStrategy redirects to training_step only inside its wrapper's call")
-
-
 def ranks() -> int:
     return min(2, torch.cuda.device_count())
 
@@ -72,8 +66,7 @@ def test_a_healthy_sharded_framework_run_prints_exactly_its_own_output(tmp_path,
 
 
 @needs_cuda
-@pytest.mark.parametrize("framework, strategy", [
-    pytest.param(*case, marks=REDIRECTED) if case == ("lightning", "fsdp") else case for case in CASES])
+@pytest.mark.parametrize("framework, strategy", CASES)
 def test_a_nan_born_on_rank_1_is_named_on_rank_1_at_its_op(tmp_path, framework, strategy):
     two = ranks() == 2
     done, report = watched(tmp_path, *script_of(framework, strategy), "--bug", "masked", "--steps", "4")
@@ -86,3 +79,18 @@ def test_a_nan_born_on_rank_1_is_named_on_rank_1_at_its_op(tmp_path, framework, 
     assert first["source"] == "tests/support/models.py:35"  # MaskedAttention's softmax line
     if two:  # the ranks replayed together: the model was sharded (DDP's ranks replay alone)
         assert "every rank replays with them (the model is sharded)" in done.stderr
+
+
+def test_lightnings_ddp_strategy_redirects_forward_and_the_replay_does_too(tmp_path):
+    """DDPStrategy (as FSDPStrategy) runs training_step as the LightningModule's forward only for the call of its
+    wrapper (Lit has no forward of its own): the replay redirects it the same way. CPU, gloo, 2 ranks."""
+    pytest.importorskip("lightning.pytorch")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "debug_nan",
+               "run", "--report", str(tmp_path / "run.json"), "--", LIGHTNING, "ddp", "--accelerator", "cpu",
+               "--bug", "masked", "--steps", "4"]
+    done = subprocess.run(command, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    first = json.loads((tmp_path / "run.json").read_text())["first_nonfinite"]
+    assert done.returncode != 0 and "NotImplementedError" not in done.stderr, done.stderr[-3000:]
+    assert (first["step"], first["phase"], first["module"], first["op"], first["rank"], first["first_ranks"]) == (
+        2, "forward", "net.attn", "aten._softmax.default", 1, [1])
+    assert done.stdout == "batch 0 loss 1.353139\nbatch 1 loss 1.638563\n"

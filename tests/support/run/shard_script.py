@@ -11,7 +11,8 @@ batches (seeded by rank); rank 0 prints the loss averaged over the ranks every s
 --bug lr: a learning rate of 1e30 (the second step's forward overflows); corrupt: rank 1's batch of step 3 holds
 one finite value 3e38 (rank 1's forward overflows); grow: rank 1's targets grow tenfold every 3 steps (the
 gradients explode on rank 1 alone, then everywhere through the averaging); nan-lr: the learning rate is NaN in step 2's
-update (every parameter NaN). --gather-loss: the loss gathers every
+update (every parameter NaN); hidden: a padding token in rank 1's batch of step 2 whose log(0) = -inf the forward
+drops with torch.where (only the gradients go NaN: 0 / 0 in log's backward), as AAM's count encoder does. --gather-loss: the loss gathers every
 rank's pooled embeddings with `dist.all_gather` (the local slice put back for its gradient) and compares every
 pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's loss is then NaN.
 """
@@ -26,7 +27,7 @@ from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="fsdp2", choices=["fsdp2", "fsdp2-linear", "fsdp1", "ddp"])
-parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow", "nan-lr"])
+parser.add_argument("--bug", default="none", choices=["none", "lr", "corrupt", "grow", "nan-lr", "hidden"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--gather-loss", action="store_true")
 parser.add_argument("--width", type=int, default=16)
@@ -56,6 +57,9 @@ class Cascade(nn.Module):
 
     def forward(self, x):
         h = self.embed(x)
+        if args.bug == "hidden":  # a log-scaled token norm; padding tokens (all-zero features) left out by where
+            norm = (h * (x.abs().sum(-1, keepdim=True) > 0)).pow(2).sum(-1)  # [B, T], 0 on padding
+            h = h + 0.01 * torch.where(norm > 0, torch.log(norm), 0.0).unsqueeze(-1)
         for stage in self.cascade_stages:
             h = stage(h)
         return self.head(h).squeeze(-1)  # [B, T]
@@ -113,6 +117,8 @@ data = torch.Generator().manual_seed(100 + rank)
 for step in range(1, args.steps + 1):
     x = torch.randn(BATCH, TOKENS, 8, generator=data).to(device)
     y = torch.randn(BATCH, TOKENS, generator=data).to(device)
+    if args.bug == "hidden" and rank == 1 and step == 2:
+        x[1, 5] = 0.0  # a padding token
     if args.bug == "corrupt" and rank == 1 and step == 3:
         x[2, 1, 5] = 3e38  # one corrupt value: finite, but the first projection overflows
     if args.bug == "grow" and rank == 1:

@@ -120,3 +120,39 @@ def test_fsdp2_s_class_swap_is_shown_as_the_user_s_class():
 
     swapped = type("FSDPStage", (type("FSDPModule", (), {}), Stage), {})  # what fully_shard makes of Stage
     assert user_class(swapped) is Stage and user_class(Stage) is Stage
+
+
+def test_a_collectives_output_buffer_is_judged_where_it_is_used_not_for_its_old_contents():
+    """FSDP2 all-gathers into a buffer it re-allocated (garbage, a NaN now and then, until the collective writes
+    it, maybe after the call returns): the garbage is no origin; a non-finite value the collective brings is met
+    as a value made outside the traced ops where the script uses it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for model in (type("FullyShardedDataParallel", (nn.Module,), {})(), nn.Linear(1, 1)):
+            garbage = torch.full((4,), float("nan"))
+            with Tracer(model) as tr:
+                dist.all_gather_into_tensor(garbage, torch.ones(4))
+                total = (garbage * 2).sum()
+            assert tr.origins == [] and total.item() == 8.0
+        received, sent = torch.zeros(2), torch.tensor([1.0, float("inf")])
+        with Tracer(nn.Linear(1, 1)) as tr:
+            dist.all_gather_into_tensor(received, sent)
+            harm = received * 2
+        assert [e.label.split(",")[0] for e in tr.origins] == ["input `self` of aten.mul.Tensor"]
+        assert tr.origin_of(harm) is tr.origins[0] and tr.origins[0].kind == "inf"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_replayed_gradient_is_compared_with_the_watchs_by_the_users_name():
+    """FSDP1's flat parameter: the watch names it `_flat_param`, the replay's model `_fsdp_wrapped_module._flat_param`:
+    the same gradient, so no "the run's kernels computed it otherwise"."""
+    from debug_nan.engine.explain.explain import ReplayFacts, replay_differs
+    from debug_nan.engine.watch.watch import Check
+
+    seen = Check(CheckKind.GRAD, "_flat_param", float("nan"), "nan")
+    assert replay_differs(seen, ReplayFacts(grads_nonfinite={"_fsdp_wrapped_module._flat_param"})) is None
+    other = replay_differs(seen, ReplayFacts(grads_nonfinite={"_fsdp_wrapped_module.head._flat_param"}))
+    assert "stayed finite, and 1 other parameter(s)' did not (`head._flat_param` first)" in other

@@ -151,3 +151,56 @@ def test_a_hooks_stash_in_a_dict_of_the_scripts_is_read_there_again(recorder):
     values = tape.replay(model, (x.clone(),), {})
     (replayed,), _ = tape.backward_args(values)
     assert torch.equal(replayed, loss) and features["hidden"] is not stale
+
+
+class Steps(nn.Module):
+    """A LightningModule's shape: no forward of its own, a training_step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+
+    def training_step(self, x):
+        return self.lin(x).sum()
+
+
+class Wrapper(nn.Module):
+    """A strategy's wrapper (DDP's, FSDP1's): its forward calls the module it wraps."""
+
+    def __init__(self, inner, attribute: str = "module"):
+        super().__init__()
+        setattr(self, attribute, inner)
+        self.attribute = attribute
+
+    def forward(self, x):
+        return getattr(self, self.attribute)(x)
+
+
+def redirect(wrapper: nn.Module, inner: nn.Module, method: str, x):
+    """What Lightning's strategies do for a training step: the inner forward made `method` for one wrapper call."""
+    original = inner.forward
+
+    def redirected(*args):
+        inner.forward = original
+        return getattr(inner, method)(*args)
+
+    inner.forward = redirected
+    return wrapper(x)
+
+
+def test_a_forward_a_strategy_redirected_is_redirected_again_at_the_replay():
+    from debug_nan.drivers.run.model_calls import forward_as, redirected_forward
+
+    steps = Steps()
+    for wrapper, path in ((steps, ""), (Wrapper(steps, "_fsdp_wrapped_module"), "_fsdp_wrapped_module")):
+        seen = []
+        hook = wrapper.register_forward_pre_hook(lambda m, args: seen.append(redirected_forward(m)))
+        x = torch.ones(1, 2)
+        assert redirect(wrapper, steps, "training_step", x).item() == steps.training_step(x).item()
+        hook.remove()
+        assert seen == [(path, "training_step")] and redirected_forward(wrapper) is None
+        with pytest.raises(NotImplementedError):
+            wrapper(x)
+        with forward_as(wrapper, seen[0]):
+            assert wrapper(x).item() == steps.training_step(x).item()
+        assert "forward" in vars(steps) and steps.forward == steps.__class__.forward.__get__(steps)

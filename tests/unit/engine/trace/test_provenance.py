@@ -63,7 +63,7 @@ def test_softmax_of_a_fully_masked_row_is_the_nan_origin_not_the_mask(model):
         loss = torch.softmax(masked, dim=-1).sum()
     origin = tr.origin_of(loss)
     assert origin.op == "aten._softmax.default" and origin.kind == "nan"
-    [mask] = tr.inf_sources(origin)
+    [mask] = list(origin.inf_sources)
     assert mask.op == "aten.masked_fill.Scalar" and mask.deliberate and mask.kind == "inf"
     assert diagnose(origin)[0] == "all_masked_softmax"
 
@@ -260,7 +260,7 @@ def test_fp16_overflow_upstream_of_a_nan_is_the_origin():
     assert (origin.op, origin.module, origin.kind) == ("aten.addmm.default", "proj", "inf")
     assert diagnose(origin)[0] == "overflow"
     [nan_birth] = [e for e in tr.origins if e.kind == "nan"]
-    assert nan_birth.module == "out" and tr.inf_sources(nan_birth) == [origin]
+    assert nan_birth.module == "out" and list(nan_birth.inf_sources) == [origin]
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:

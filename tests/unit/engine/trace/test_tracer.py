@@ -74,7 +74,7 @@ def test_backward_op_of_a_parents_own_body_belongs_to_the_parent():
     assert diagnose(origin)[0] == "grad_at_singularity"
     nan_birth = next(e for e in tr.origins if e.kind == "nan")
     assert (nan_birth.backward_node, nan_birth.module) == ("PowBackward0", "enc")
-    assert tr.inf_sources(nan_birth) == [origin]
+    assert list(nan_birth.inf_sources) == [origin]
     cause, explanation, suggestions = diagnose(nan_birth)
     assert cause == "inf_arithmetic" and "The Inf came from aten.div.Tensor" in explanation
     assert "Backward of sqrt (SqrtBackward0" in explanation and any("sqrt(x + eps)" in s for s in suggestions)
@@ -170,7 +170,7 @@ def test_buffer_holding_a_mask_is_a_deliberate_origin_of_its_own():
         loss = m(torch.zeros(2, 2)).sum()  # row 1 is all -inf: NaN
     origin = tr.origin_of(loss)
     assert origin.op == "aten._softmax.default"
-    [buffer] = tr.inf_sources(origin)
+    [buffer] = list(origin.inf_sources)
     assert buffer.label == "buffer `bias`" and buffer.deliberate and buffer.phase == "forward"
 
 
