@@ -97,12 +97,6 @@ def interrupted_in_replay():
     return T(nn.Linear(3, 1), _batches(), loss)
 
 
-def fails_on_rank_1():
-    if os.environ.get("RANK") == "1":
-        raise ValueError("rank 1 cannot open its shard")
-    return healthy()
-
-
 def log_of_negative_in_batch_2():
     """Stateless (replayable): batch 2 holds -3, and the loss takes log(x + 2) of it."""
     batches = _batches()

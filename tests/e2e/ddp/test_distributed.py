@@ -137,6 +137,8 @@ def test_backward_raising_half_way_on_one_rank_does_not_hang_the_other(tmp_path)
 
 
 def test_trainer_failing_to_build_on_one_rank_stops_every_rank_with_its_message(tmp_path):
+    """Rank 1 cannot set up (its optimizer asks for apex; a task's factory raising on one rank takes the same way):
+    every rank goes through the agreement and exits 2 together, rank 0's report names rank 1."""
     proc, seconds = torchrun("--task", f"{SCENARIOS}:ddp_optimizer_fails_on_rank1", "--device", "cpu",
                              "--max-steps", "2", "--report", "r.json", cwd=tmp_path)
     assert_every_rank_exited(proc, "2")

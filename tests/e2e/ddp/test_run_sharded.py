@@ -77,9 +77,7 @@ def test_an_explosion_grown_on_rank_1_alone_names_rank_1(tmp_path):
     assert "rank 1 (first to see it: rank(s) 1)" in done.stderr and done.stdout.count("\n") == 11
 
 
-# (DDP only: under FSDP1, AAM's own `pretrain --fsdp` shape, rank 1's sharded replay does not always name its op:
-# one run in three named rank 0's loss code, a receiver. Not understood yet: docs/torchrun.md's limits)
-@pytest.mark.parametrize("shard", ["ddp"])
+@pytest.mark.parametrize("shard", ["ddp", "fsdp1"])  # (FSDP1 with a gathered loss: AAM's own `pretrain --fsdp`)
 def test_a_value_gathered_from_rank_1_in_the_loss_is_followed_to_rank_1s_op(tmp_path, shard):
     """The loss all_gathers every rank's outputs (the local slice kept in the graph): rank 1's forward overflows
     at step 3 and every rank's loss is NaN. Rank 0's replay finds the gathered value already non-finite; rank 1's

@@ -46,8 +46,7 @@ def forms(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("typed", ["real/train.py", "./real/../real/train.py", "link.py", "app/", "app",
-                                   "app.zip"])
+@pytest.mark.parametrize("typed", ["real/train.py", "./real/../real/train.py", "link.py", "app/", "app.zip"])
 def test_each_form_sees_what_python_gives_it(forms, run_here, typed):
     alone = plain(typed, cwd=forms)
     done, stdout, stderr = run_here("python", typed)
