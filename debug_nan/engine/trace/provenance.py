@@ -24,7 +24,7 @@ import weakref
 from collections import deque
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from debug_nan.engine.trace.events import OpEvent, has_nonfinite, nonfinite_flags
 
@@ -177,10 +177,13 @@ class Lineage:
             old = self._descent.get(key) if id(t) in dests and not covers_storage(t) else None
             self._descent[key] = ids | old if old is not None else ids
 
-    def collected(self, written: list[torch.Tensor], sent: list[torch.Tensor]) -> None:
-        """A collective writes `written` whole with every rank's values from what each sent: they carry the origins
-        of this rank's non-finite values among `sent` (its own share of the result); what other ranks sent is
-        judged where this rank's code uses it. Old lineage and descent of the written storages end."""
+    def collected(self, written: list[torch.Tensor], sent: list[torch.Tensor], returned=None) -> None:
+        """A collective writes `written` whole with every rank's values from what each sent (and returns new
+        tensors, a functional one: `returned`): they carry the origins of this rank's non-finite values among
+        `sent` (its own share of the result); what other ranks sent is judged where this rank's code uses it. Old
+        lineage and descent of the written storages end."""
+        given = {id(t) for t in written + sent}
+        written = written + [t for t in tree_flatten(returned)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
         flags = nonfinite_flags(sent) if self._sets and sent else []
         nan_ids, inf_ids = set(), set()
         for t, (nan, inf) in zip(sent, flags):

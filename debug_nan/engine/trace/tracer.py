@@ -219,7 +219,7 @@ class Tracer(TorchDispatchMode):
             # share; their old contents (FSDP's garbage) are none, what other ranks sent is judged where used
             out = func(*args, **kwargs)
             if buffers is not None:
-                self.lineage.collected(*buffers)
+                self.lineage.collected(*buffers, out)
             return out
         written, before = [], None
         if info.mutable and not info.overwriting:

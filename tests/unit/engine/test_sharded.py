@@ -142,6 +142,18 @@ def test_a_collectives_output_buffer_is_judged_where_it_is_used_not_for_its_old_
             harm = received * 2
         assert [e.label.split(",")[0] for e in tr.origins] == ["input `self` of aten.mul.Tensor"]
         assert tr.origin_of(harm) is tr.origins[0] and tr.origins[0].kind == "inf"
+        # this rank's own NaN sent (in place, into a buffer, through a functional collective): the result carries it
+        from torch.distributed import _functional_collectives as funcol
+
+        gathered = torch.zeros(2)
+        with Tracer(nn.Linear(1, 1)) as tr:
+            mine = torch.log(torch.tensor([-1.0, 1.0]))
+            dist.all_gather_into_tensor(gathered, mine)
+            reduced = funcol.all_reduce(mine * 1, "sum", dist.group.WORLD)
+            dist.all_reduce(mine)
+            harms = (gathered + 1, reduced.wait() + 1 if hasattr(reduced, "wait") else reduced + 1, mine + 1)
+        [log] = tr.origins
+        assert log.op == "aten.log.default" and [tr.origin_of(h) for h in harms] == [log, log, log]
     finally:
         dist.destroy_process_group()
 
