@@ -110,11 +110,13 @@ for leg in "${LEGS[@]}"; do
         pytest pytest-xdist transformers matplotlib \
         || die "$name: could not install torch==$torch and its test dependencies from PyPI"
     installed=$((SECONDS - started))
-    # (uv writes no bytecode: the first imports compile it, here once rather than in every pytest worker at once;
-    # an optimizer's first parameter group imports torch._dynamo)
-    say "$name: installed in ${installed} s: $("$venv/bin/python" -c 'import sys, torch, debug_nan.app.cli, pytest
+    # uv writes no bytecode: the first imports compile it, here once rather than in every pytest worker at once
+    # (an optimizer's first parameter group imports torch._dynamo); the same process says what was installed
+    versions=$("$venv/bin/python" -c 'import sys, torch, debug_nan.app.cli, pytest
 torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))])
-print("Python", sys.version.split()[0], "torch", torch.__version__)')"
+print("Python", sys.version.split()[0], "torch", torch.__version__)') \
+        || die "$name: torch or debug-nan does not import in its virtualenv (the error above)"
+    say "$name: installed in ${installed} s: $versions"
     selected=("${UNIT[@]}")
     if [[ $tests == core ]]; then selected+=("${E2E[@]}"); fi
     if ! OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$(nproc 2>/dev/null || echo 2)" \

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from debug_nan.engine.replay.driver import NotReplayable
+from debug_nan.engine.sharded import WRAPPER_SEGMENTS
 
 
 def bare(module: nn.Module) -> nn.Module:
@@ -25,7 +26,8 @@ def bare(module: nn.Module) -> nn.Module:
             return module
 
 
-WRAPPED = ("module", "_fsdp_wrapped_module", "_orig_mod", "_forward_module")  # wrappers' attribute for the wrapped
+# a wrapper's attribute for the module it wraps: DDP's, Lightning's wrapper base's, and the segments names leave out
+WRAPPED = ("module", "_forward_module", *sorted(WRAPPER_SEGMENTS))
 
 
 def redirected_forward(module: nn.Module) -> tuple[str, str] | None:
@@ -43,7 +45,7 @@ def redirected_forward(module: nn.Module) -> tuple[str, str] | None:
                 continue
             if isinstance(value, str) and value != "forward" and callable(getattr(type(module), value, None)):
                 return path, value
-        inner = next((a for a in WRAPPED if isinstance(vars(module).get("_modules", {}).get(a), nn.Module)), None)
+        inner = next((a for a in WRAPPED if isinstance(module._modules.get(a), nn.Module)), None)
         if inner is None:
             return None
         module, path = getattr(module, inner), f"{path}.{inner}" if path else inner

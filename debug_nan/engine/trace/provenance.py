@@ -184,19 +184,27 @@ class Lineage:
         lineage and descent of the written storages end."""
         given = {id(t) for t in written + sent}
         written = written + [t for t in tree_flatten(returned)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
-        flags = nonfinite_flags(sent) if self._sets and sent else []
-        nan_ids, inf_ids = set(), set()
-        for t, (nan, inf) in zip(sent, flags):
-            entry = self._sets.get(storage_key(t)) if nan or inf else None
-            if entry is not None:
-                nan_ids |= entry[0] if nan else NO_IDS
-                inf_ids |= entry[1] if inf else NO_IDS
+        nan_ids, inf_ids, _ = self.carried(sent) if self._sets else (NO_IDS, NO_IDS, False)  # (no lineage: no sync)
         for t in written:
-            if covers_storage(t):
+            whole = covers_storage(t)
+            if whole:
                 self._sets.pop(storage_key(t), None)
                 self._descent.pop(storage_key(t), None)
             if nan_ids or inf_ids:
-                self.assign(t, frozenset(nan_ids), frozenset(inf_ids), replace=covers_storage(t))
+                self.assign(t, nan_ids, inf_ids, replace=whole)
+
+    def carried(self, tensors: list[torch.Tensor]) -> tuple[frozenset, frozenset, bool]:
+        """The NaN origins of the tensors that hold a NaN and the Inf origins of those that hold an Inf (one host
+        sync for all), and whether one with a lineage held a NaN."""
+        nan_ids, inf_ids, any_nan = set(), set(), False
+        for t, (nan, inf) in zip(tensors, nonfinite_flags(tensors)):
+            entry = self.get(t) if nan or inf else None
+            if entry is None:
+                continue
+            any_nan = any_nan or nan
+            nan_ids |= entry[0] if nan else NO_IDS
+            inf_ids |= entry[1] if inf else NO_IDS
+        return frozenset(nan_ids), frozenset(inf_ids), any_nan
 
     def cleared(self, written: list[torch.Tensor]) -> None:
         """These tensors were just written and are finite: their storage's lineage ends, unless other regions of

@@ -135,18 +135,8 @@ class Tracer(TorchDispatchMode):
         none was made under the tracer."""
         flat = [t for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)]
         with _disable_current_modes():
-            flags = nonfinite_flags(flat)
-        nan_ids, inf_ids, any_nan = set(), set(), False
-        for t, (nan, inf) in zip(flat, flags):
-            entry = self.lineage.get(t) if (nan or inf) else None
-            if entry is None:
-                continue
-            if nan:
-                any_nan = True
-                nan_ids |= entry[0]
-            if inf:
-                inf_ids |= entry[1]
-        origin = self.lineage.earliest(frozenset(nan_ids), frozenset(inf_ids), any_nan)
+            nan_ids, inf_ids, any_nan = self.lineage.carried(flat)
+        origin = self.lineage.earliest(nan_ids, inf_ids, any_nan)
         self.consequence = self.lineage.consequence(origin) if origin is not None else None
         return origin
 
