@@ -9,17 +9,17 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import REPO, SUPPORT
 from tests.support.ports import reserved_port
+from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause", "kind", "source", "rank")
 
 
@@ -30,7 +30,7 @@ def env() -> dict:
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=240)
+    return subprocess.run([python(), *TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=240)
 
 
 def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:
@@ -41,7 +41,7 @@ def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:
 
 
 def _ranks(args, cwd: Path, port: int) -> list[subprocess.CompletedProcess]:
-    procs = [subprocess.Popen([sys.executable, "-m", "debug_nan", *args], cwd=cwd, text=True,
+    procs = [subprocess.Popen([python(), "-m", "debug_nan", *args], cwd=cwd, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

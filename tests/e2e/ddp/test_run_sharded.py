@@ -5,21 +5,21 @@ names the step, phase, module (as the user wrote it: no `_fsdp_wrapped_module.`)
 first non-finite value."""
 
 import json
-import sys
 
 import pytest
 
 from tests.e2e.ddp.test_run_ddp import env
 from tests.support import SUPPORT
+from tests.support.warm import python
 
 SCRIPT = str(SUPPORT / "run" / "shard_script.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
 def torchrun(*args: str, cwd):
     import subprocess
 
-    return subprocess.run([*TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run([python(), *TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
 
 
 def watched(tmp_path, *args: str):
