@@ -66,7 +66,7 @@ def refusal(request: Request, start_env: dict, base_path: list[str]) -> str | No
         if start_env.get(key) != request.env.get(key) and key not in MAY_DIFFER and key not in SET_BY_IMPORTS \
                 and not key.startswith(MAY_DIFFER_PREFIXES):
             return f"environment variable {key}"
-    for entry in python_path(request.env):
+    for entry in python_path(request.env, request.cwd):
         if entry not in base_path and os.path.isdir(entry):
             for name in sorted({n.removesuffix(".py") for n in os.listdir(entry)} & set(sys.modules)):
                 if not same_module(entry, name):
@@ -81,8 +81,9 @@ def same_module(entry: str, name: str) -> bool:
                      os.path.realpath(os.path.join(entry, name + ".py"))}
 
 
-def python_path(env: dict) -> list[str]:
-    return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+def python_path(env: dict, cwd: str) -> list[str]:
+    """PYTHONPATH's entries as Python puts them on sys.path (relative ones from the folder it starts in)."""
+    return [os.path.normpath(os.path.join(cwd, p)) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def stdio(fd: int, write: bool, unbuffered: bool, like) -> io.TextIOWrapper:
@@ -114,7 +115,7 @@ def become(request: Request, base_path: list[str]) -> None:
     sys.stdout = sys.__stdout__ = stdio(1, True, request.unbuffered, like_out)
     sys.stderr = sys.__stderr__ = stdio(2, True, request.unbuffered, like_err)
     first = os.getcwd() if request.module else os.path.dirname(os.path.realpath(request.script))
-    sys.path[:] = [first, *python_path(request.env), *base_path]
+    sys.path[:] = [first, *python_path(request.env, request.cwd), *base_path]
     sys.path_importer_cache.clear()
     executable = sys.executable
     sys.argv = list(request.args)
@@ -176,7 +177,7 @@ def run_script(path: str) -> None:
 def serve(path: str, start_env: dict) -> tuple[Request, list[str]] | None:
     """Answer requests on the Unix socket `path` until stdin closes -> (the request, sys.path's base) in a child,
     None in this process when it is done. start_env: the environment before the warm modules were imported."""
-    base_path = [p for p in sys.path[1:] if p not in python_path(start_env)]
+    base_path = [p for p in sys.path[1:] if p not in python_path(start_env, os.getcwd())]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -216,13 +217,21 @@ def serve(path: str, start_env: dict) -> tuple[Request, list[str]] | None:
                     os.killpg(key.data, signal.SIGKILL)
 
 
-def start(connection: socket.socket, start_env: dict, base_path: list[str]) -> tuple[int | None, Request]:
+def start(connection: socket.socket, start_env: dict, base_path: list[str]) -> tuple[int | None, Request | None]:
     """Read a request; refuse it, or fork -> (0 in the child, the child's pid here, None when refused; it)."""
-    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)  # (the descriptors come with the first bytes)
+    while b"\n" not in message and (more := connection.recv(1 << 20)):
+        message += more
     size, _, body = message.partition(b"\n")
-    while len(body) < int(size):
-        body += connection.recv(1 << 20)
-    request = Request(json.loads(body))
+    while size.isdigit() and len(body) < int(size) and (more := connection.recv(1 << 20)):
+        body += more
+    try:
+        request = Request(json.loads(body))
+    except ValueError:  # (a shim killed before it sent all of it)
+        connection.close()
+        for fd in fds:
+            os.close(fd)
+        return None, None
     why = refusal(request, start_env, base_path)
     if why or len(fds) != 3:
         print(f"refused {request.argv[:3]}: {why}", file=sys.stderr, flush=True)  # (server.log: what ran cold)
