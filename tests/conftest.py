@@ -61,6 +61,7 @@ def tiny_data():
 
 def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process."""
+    command = [python(), "-m", "debug_nan", *args]  # (first: python() may add to os.environ)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([python(), "-m", "debug_nan", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -7,10 +7,14 @@ numpy's seeds drawn anew. torchrun's ranks come from it too (PYTHON_EXEC, which 
 
 What it cannot serve as a fresh interpreter would, it refuses and the real Python runs: options other than -u,
 -B, -m and a script (`-c`, `-X`, `-W`...), an environment variable read at start (OMP_NUM_THREADS, LANG, TORCH_LOGS,
-...) that differs from this process's, a PYTHONPATH that would import another copy of a module already imported.
-The tests of processes themselves (signals, hang-ups, the startup without torch, setup.sh) start the real Python.
-DEBUG_NAN_TEST_WARM=0 makes every process a real one; one difference stays: every child has this process's
-hash seed (a fresh one draws its own).
+...) that differs from this process's, a folder on sys.path that holds another copy of a module already imported
+(a script's own `json.py`), descriptors passed on beyond 0-2. The tests of processes themselves (signals, hang-ups,
+the startup without torch, setup.sh) start the real Python; DEBUG_NAN_TEST_WARM=0 makes every process a real one.
+What still differs (none of it seen by a test here): the modules torch imports are there before the script imports
+them (with the warning filters and atexit functions they add), every child has this process's hash seed, its
+parent is the server, its stack is 5 frames deeper, and resource limits, CPU affinity and niceness are the server's.
+Under a plain `pytest` (no OMP_NUM_THREADS, which scripts/test.sh sets) torchrun's ranks (OMP_NUM_THREADS=1) run
+cold: slower, not different.
 """
 
 from __future__ import annotations

@@ -36,13 +36,16 @@ class Request:
     def __init__(self, data: dict):
         self.argv, self.cwd, self.env = data["argv"], data["cwd"], data["env"]
         self.ignored = set(data.get("ignored", ()))  # (signal numbers the shim inherited as ignored)
-        self.unbuffered, self.module, self.script, self.args = False, None, None, []
+        self.umask = data.get("umask", 0o022)
+        self.unbuffered, self.no_bytecode, self.module, self.script, self.args = False, False, None, None, []
 
     def parse(self) -> str | None:
         """-> why a fresh interpreter is needed, or None (then module or script, args and unbuffered are set)."""
         words = list(self.argv)
         while words and words[0] in ("-u", "-B"):
-            self.unbuffered |= words.pop(0) == "-u"
+            option = words.pop(0)
+            self.unbuffered |= option == "-u"
+            self.no_bytecode |= option == "-B"
         if len(words) >= 2 and words[0] == "-m":
             self.module, self.args = words[1], ["-m", *words[2:]]
         elif words and not words[0].startswith("-") and words[0].endswith(".py"):
@@ -53,7 +56,13 @@ class Request:
         else:
             return f"options {words[:2]}"
         self.unbuffered |= bool(self.env.get("PYTHONUNBUFFERED"))
+        self.no_bytecode |= bool(self.env.get("PYTHONDONTWRITEBYTECODE"))
         return None
+
+    @property
+    def first_path(self) -> str:
+        """sys.path[0]: the folder `python -m` starts in, or the script's own (its links resolved)."""
+        return self.cwd if self.module else os.path.dirname(os.path.realpath(self.script))
 
 
 def refusal(request: Request, start_env: dict, base_path: list[str]) -> str | None:
@@ -66,19 +75,22 @@ def refusal(request: Request, start_env: dict, base_path: list[str]) -> str | No
         if start_env.get(key) != request.env.get(key) and key not in MAY_DIFFER and key not in SET_BY_IMPORTS \
                 and not key.startswith(MAY_DIFFER_PREFIXES):
             return f"environment variable {key}"
-    for entry in python_path(request.env, request.cwd):
+    for entry in [request.first_path, *python_path(request.env, request.cwd)]:
         if entry not in base_path and os.path.isdir(entry):
-            for name in sorted({n.removesuffix(".py") for n in os.listdir(entry)} & set(sys.modules)):
-                if not same_module(entry, name):
-                    return f"PYTHONPATH entry {entry} holds another {name}"
+            try:
+                names = {n.split(".")[0] for n in os.listdir(entry)} & set(sys.modules)
+            except OSError as error:
+                return f"sys.path entry {entry}: {error}"
+            for name in sorted(names):
+                if not same_module(entry, name):  # (a script's sibling tqdm.py is its tqdm, not site-packages')
+                    return f"sys.path entry {entry} holds another {name}"
     return None
 
 
 def same_module(entry: str, name: str) -> bool:
     """Is the module `name` that `entry` would give the one imported here?"""
     where = os.path.realpath(getattr(sys.modules[name], "__file__", None) or "")
-    return where in {os.path.realpath(os.path.join(entry, name, "__init__.py")),
-                     os.path.realpath(os.path.join(entry, name + ".py"))}
+    return os.path.dirname(where) in {os.path.realpath(entry), os.path.realpath(os.path.join(entry, name))}
 
 
 def python_path(env: dict, cwd: str) -> list[str]:
@@ -91,31 +103,37 @@ def stdio(fd: int, write: bool, unbuffered: bool, like) -> io.TextIOWrapper:
     this process having started with the same locale variables)."""
     raw = io.FileIO(fd, "wb" if write else "rb", closefd=False)  # (Python's own are FileIO named as below)
     raw.name = {0: "<stdin>", 1: "<stdout>", 2: "<stderr>"}[fd]
+    size = os.fstat(fd).st_blksize
+    size = size if size > 1 else io.DEFAULT_BUFFER_SIZE  # (open()'s choice: the file's block size)
     if write and unbuffered:
         buffer = raw
     else:
-        buffer = io.BufferedWriter(raw) if write else io.BufferedReader(raw)
-    return io.TextIOWrapper(buffer, encoding=like.encoding, errors=like.errors, newline="\n" if write else None,
+        buffer = io.BufferedWriter(raw, size) if write else io.BufferedReader(raw, size)
+    text = io.TextIOWrapper(buffer, encoding=like.encoding, errors=like.errors, newline="\n",
                             line_buffering=write and not unbuffered and (fd == 2 or raw.isatty()),
                             write_through=unbuffered)
+    text.mode = "w" if write else "r"
+    return text
 
 
 def become(request: Request, base_path: list[str]) -> None:
     """In the forked child: this process's state made what a fresh `python ARGV` would start with (the variables
     the warm modules set when imported, such as torch's TORCHINDUCTOR_CACHE_DIR, kept where it sets none)."""
     os.setsid()
+    os.umask(request.umask)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update({**SET_BY_IMPORTS, **request.env})
     for number in (signal.SIGTERM, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(number, signal.SIG_IGN if number in request.ignored else signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in request.ignored else signal.default_int_handler)
-    like_out, like_err = sys.__stdout__, sys.__stderr__
+    old = {id(sys.__stdout__): "stdout", id(sys.__stderr__): "stderr"}
     sys.stdin = sys.__stdin__ = stdio(0, False, request.unbuffered, sys.__stdin__)
-    sys.stdout = sys.__stdout__ = stdio(1, True, request.unbuffered, like_out)
-    sys.stderr = sys.__stderr__ = stdio(2, True, request.unbuffered, like_err)
-    first = os.getcwd() if request.module else os.path.dirname(os.path.realpath(request.script))
-    sys.path[:] = [first, *python_path(request.env, request.cwd), *base_path]
+    sys.stdout = sys.__stdout__ = stdio(1, True, request.unbuffered, sys.__stdout__)
+    sys.stderr = sys.__stderr__ = stdio(2, True, request.unbuffered, sys.__stderr__)
+    streams_of_handlers(old)
+    sys.dont_write_bytecode = request.no_bytecode
+    sys.path[:] = [request.first_path, *python_path(request.env, request.cwd), *base_path]
     sys.path_importer_cache.clear()
     executable = sys.executable
     sys.argv = list(request.args)
@@ -126,6 +144,18 @@ def become(request: Request, base_path: list[str]) -> None:
     importlib.invalidate_caches()
     tempfile.tempdir = None
     reseed()
+
+
+def streams_of_handlers(old: dict) -> None:
+    """The logging handlers the warm modules made at import (torch's) write to this process's new streams, as
+    they would have been made with them."""
+    import logging
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(v, logging.Logger))]
+    for handler in {h for logger in loggers for h in logger.handlers if isinstance(h, logging.StreamHandler)}:
+        if id(handler.stream) in old:
+            handler.setStream(getattr(sys, old[id(handler.stream)]))
 
 
 def reseed() -> None:
@@ -144,6 +174,7 @@ def run(request: Request, own_file: str = __file__) -> None:
 
     try:
         if request.module:
+            sys.modules.pop(request.module, None)  # (imported here, not in a fresh process: runpy would warn)
             runpy._run_module_as_main(request.module, alter_argv=True)  # noqa: SLF001 - what `python -m` runs
         else:
             run_script(request.script)
@@ -169,6 +200,7 @@ def run_script(path: str) -> None:
         code = compile(handle.read(), path, "exec", dont_inherit=True)
     module = type(sys)("__main__")
     module.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None, __builtins__=builtins,
+                           __annotations__={},
                            __loader__=importlib.machinery.SourceFileLoader("__main__", path))
     sys.modules["__main__"] = module
     exec(code, module.__dict__)
@@ -195,7 +227,7 @@ def serve(path: str, start_env: dict) -> tuple[Request, list[str]] | None:
         for key, _ in selector.select():
             if key.data == "stdin" and not sys.stdin.buffer.read1(1):
                 for pid in children:
-                    os.killpg(pid, signal.SIGKILL)
+                    kill(pid)
                 return None
             if key.data == "child":
                 wake_read.recv(4096)
@@ -213,8 +245,8 @@ def serve(path: str, start_env: dict) -> tuple[Request, list[str]] | None:
                     children[started] = connection
                     selector.register(connection, selectors.EVENT_READ, started)
             elif isinstance(key.data, int):  # the shim's end closed: it was killed, and so is its process
-                if not key.fileobj.recv(1) and key.data in children:
-                    os.killpg(key.data, signal.SIGKILL)
+                if not receive_one(key.fileobj) and key.data in children:
+                    kill(key.data)
 
 
 def start(connection: socket.socket, start_env: dict, base_path: list[str]) -> tuple[int | None, Request | None]:
@@ -235,7 +267,10 @@ def start(connection: socket.socket, start_env: dict, base_path: list[str]) -> t
     why = refusal(request, start_env, base_path)
     if why or len(fds) != 3:
         print(f"refused {request.argv[:3]}: {why}", file=sys.stderr, flush=True)  # (server.log: what ran cold)
-        connection.sendall(f"R {why}\n".encode())
+        try:
+            connection.sendall(f"R {why}\n".encode())
+        except OSError:
+            pass
         connection.close()
         for fd in fds:
             os.close(fd)
@@ -250,8 +285,27 @@ def start(connection: socket.socket, start_env: dict, base_path: list[str]) -> t
         return 0, request
     for fd in fds:
         os.close(fd)
-    connection.sendall(f"P {pid}\n".encode())
+    try:
+        connection.sendall(f"P {pid}\n".encode())
+    except OSError:  # (the shim was killed while it waited: so is its process, reaped with the others)
+        kill(pid)
     return pid, request
+
+
+def receive_one(connection: socket.socket) -> bytes:
+    try:
+        return connection.recv(1)
+    except OSError:
+        return b""
+
+
+def kill(pid: int) -> None:
+    """The child and what it started (its own session), or the child alone before it made that session."""
+    for end in (os.killpg, os.kill):
+        try:
+            return end(pid, signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def reap(children: dict, selector) -> None:

@@ -16,17 +16,40 @@ import sys
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def real_python(argv: list[str]) -> None:
+def real_python(argv: list[str], pending: list[int]) -> None:
+    for number in FORWARDED:
+        signal.signal(number, signal.SIG_IGN if number in IGNORED else signal.SIG_DFL)
+    for number in pending:  # (what came before the process existed is this one's, as it would have been)
+        os.kill(os.getpid(), number)
     os.execv(sys.executable, [sys.executable, *argv])
 
 
+def inherited_descriptors() -> bool:
+    """Descriptors beyond 0-2 the caller passed on (pass_fds, multiprocessing): only the real Python keeps them."""
+    return any(int(fd) > 2 for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
 def main() -> None:
-    argv = sys.argv[1:]
+    argv, pending, started = sys.argv[1:], [], []
+
+    def forward(number, _):  # to the process and what it started (its own session), or held until it exists
+        if not started:
+            return pending.append(number)
+        try:
+            os.killpg(started[0], number)
+        except OSError:
+            os.kill(started[0], number)
+
+    for number in FORWARDED:
+        if number not in IGNORED:
+            signal.signal(number, forward)
     path = os.environ.get("DEBUG_NAN_WARM_SOCKET")
-    if not path:
-        real_python(argv)
-    ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
-    body = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "ignored": ignored}).encode()
+    if not path or inherited_descriptors():
+        real_python(argv, pending)
+    umask = os.umask(0)
+    os.umask(umask)
+    body = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "ignored": sorted(IGNORED),
+                       "umask": umask}).encode()
     try:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.connect(path)
@@ -34,13 +57,12 @@ def main() -> None:
         answer = server.makefile("rb")
         word, _, value = answer.readline().decode().partition(" ")
     except OSError:
-        real_python(argv)
+        real_python(argv, pending)
     if word != "P":
-        real_python(argv)
-    pid = int(value)
-    for number in FORWARDED:
-        if number not in ignored:
-            signal.signal(number, lambda received, _: os.kill(pid, received))
+        real_python(argv, pending)
+    started.append(int(value))
+    for number in pending:
+        forward(number, None)
     line = answer.readline().decode()
     if not line.startswith("X "):  # (the server went away: the process was killed with it)
         os._exit(1)
@@ -51,4 +73,5 @@ def main() -> None:
     os._exit(code)
 
 
+IGNORED = {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
 main()
