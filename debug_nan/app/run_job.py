@@ -139,6 +139,8 @@ def run_command(words: list[str], options: RunOptions) -> int:
     """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
     ranks = Ranks.detect()
+    if ranks is not None:
+        ranks.report_fatal_signals()
     options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
     try:
         code, together = _run_command(words, options, ranks)

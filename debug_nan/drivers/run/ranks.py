@@ -11,6 +11,7 @@ key cannot leave a rank waiting inside a collective. Every wait has a deadline a
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import signal
 import sys
@@ -43,6 +44,14 @@ class Ranks:
     def detect(cls) -> Ranks | None:
         ctx = detect()
         return cls(ctx) if ctx is not None else None
+
+    @staticmethod
+    def report_fatal_signals() -> None:
+        """A rank killed by a fatal signal (SIGABRT from a native thread, SIGSEGV) prints every thread's Python
+        stack on its stderr before it dies (Python's faulthandler), unless the script set its own: torchrun says
+        only "exitcode: -6", and such an end was seen once, rarely, after a healthy FSDP2 run (docs/torchrun.md)."""
+        if not faulthandler.is_enabled():
+            faulthandler.enable(all_threads=True)
 
     @property
     def is_main(self) -> bool:
