@@ -245,7 +245,8 @@ def serve(path: str, start_env: dict) -> tuple[Request, list[str]] | None:
                     children[started] = connection
                     selector.register(connection, selectors.EVENT_READ, started)
             elif isinstance(key.data, int):  # the shim's end closed: it was killed, and so is its process
-                if not receive_one(key.fileobj) and key.data in children:
+                if not receive_one(key.fileobj):
+                    selector.unregister(key.fileobj)  # (reaped later: its status goes nowhere)
                     kill(key.data)
 
 
@@ -318,7 +319,8 @@ def reap(children: dict, selector) -> None:
             return
         connection = children.pop(pid, None)
         if connection is not None:
-            selector.unregister(connection)
+            if connection in selector.get_map():  # (not when its shim was gone first)
+                selector.unregister(connection)
             try:
                 connection.sendall(f"X {os.waitstatus_to_exitcode(status)}\n".encode())
             except OSError:
