@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,15 +59,16 @@ def _start() -> None:
     with open(shim, "w") as handle:
         handle.write(f"#!{sys.executable} -IS\n{(HERE / 'shim.py').read_text()}")
     os.chmod(shim, 0o755)
-    atexit.register(_stop, server)
+    atexit.register(_stop, server, folder)
     os.environ["DEBUG_NAN_WARM_SOCKET"] = socket_path
     os.environ["PYTHON_EXEC"] = shim  # torchrun starts its ranks with it
     _started["shim"], _started["log"] = shim, log.name
 
 
-def _stop(server: subprocess.Popen) -> None:
+def _stop(server: subprocess.Popen, folder: str) -> None:
     server.stdin.close()  # (it kills what it still runs, then ends)
     try:
         server.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.kill()
+    shutil.rmtree(folder, ignore_errors=True)
