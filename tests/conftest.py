@@ -63,5 +63,4 @@ def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.Complet
     """The real console entry point in a fresh process."""
     command = [python(), "-m", "debug_nan", *args]  # (first: python() may add to os.environ)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

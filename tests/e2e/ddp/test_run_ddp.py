@@ -19,7 +19,6 @@ from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause", "kind", "source", "rank")
 
 
@@ -29,8 +28,10 @@ def env() -> dict:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
-def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([python(), *TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=240)
+def torchrun(*args: str, cwd: Path, timeout: int = 240, nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=NPROC ARGS` in `cwd`, its ranks in the environment above."""
+    command = [python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return subprocess.run(command, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
 def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:

@@ -8,18 +8,14 @@ import json
 
 import pytest
 
-from tests.e2e.ddp.test_run_ddp import env
+from tests.e2e.ddp import test_run_ddp
 from tests.support import SUPPORT
-from tests.support.warm import python
 
 SCRIPT = str(SUPPORT / "run" / "shard_script.py")
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
 def torchrun(*args: str, cwd):
-    import subprocess
-
-    return subprocess.run([python(), *TORCHRUN, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    return test_run_ddp.torchrun(*args, cwd=cwd, timeout=300)
 
 
 def watched(tmp_path, *args: str):

@@ -18,9 +18,8 @@ import subprocess
 import pytest
 import torch
 
-from tests.e2e.ddp.test_run_ddp import env
+from tests.e2e.ddp import test_run_ddp
 from tests.support import SUPPORT
-from tests.support.warm import python
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: Lightning refuses FSDP on the "
                                 "CPU and Accelerate shards only on GPUs (scripts/gpu_check.py runs these)")
@@ -34,8 +33,7 @@ def ranks() -> int:
 
 
 def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
-    command = [python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks()}", *args]
-    return subprocess.run(command, cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    return test_run_ddp.torchrun(*args, cwd=cwd, timeout=300, nproc=ranks())
 
 
 def watched(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -85,10 +83,9 @@ def test_lightnings_ddp_strategy_redirects_forward_and_the_replay_does_too(tmp_p
     """DDPStrategy (as FSDPStrategy) runs training_step as the LightningModule's forward only for the call of its
     wrapper (Lit has no forward of its own): the replay redirects it the same way. CPU, gloo, 2 ranks."""
     pytest.importorskip("lightning.pytorch")
-    command = [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "debug_nan",
-               "run", "--report", str(tmp_path / "run.json"), "--", LIGHTNING, "ddp", "--accelerator", "cpu",
-               "--bug", "masked", "--steps", "4"]
-    done = subprocess.run(command, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    done = test_run_ddp.torchrun("-m", "debug_nan", "run", "--report", str(tmp_path / "run.json"), "--", LIGHTNING,
+                                 "ddp", "--accelerator", "cpu", "--bug", "masked", "--steps", "4", cwd=tmp_path,
+                                 timeout=300)
     first = json.loads((tmp_path / "run.json").read_text())["first_nonfinite"]
     assert done.returncode != 0 and "NotImplementedError" not in done.stderr, done.stderr[-3000:]
     assert (first["step"], first["phase"], first["module"], first["op"], first["rank"], first["first_ranks"]) == (
