@@ -1,10 +1,15 @@
-"""Tensor statistics for logs and evidence: one helper, safe for integer tensors and non-finite values."""
+"""Tensor statistics for logs and evidence (one helper, safe for integer tensors and non-finite values), and the
+walk over a batch's tensors (flat_tensors, map_tensors: every container torch.utils._pytree knows, and any Mapping)."""
 
 from __future__ import annotations
 
+from copy import copy as shallow_copy
+from collections import UserDict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.utils import _pytree as pytree
 
 
 @dataclass
@@ -70,48 +75,104 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
                        float(finite.double().mean()), std, absmax, headroom)
 
 
+_LEAVES = frozenset({str, bytes, int, float, bool, complex, type(None)})  # never containers: no lookup
+
+
 def flat_tensors(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor inside nested dicts/tuples/lists; other values are skipped."""
+    """(path, tensor) for every tensor in a batch (the containers `map_tensors` walks); other values are skipped.
+    A path names keys and fields with dots and indices in brackets: `inputs.ids`, `[0]`, `pair[1].mask`."""
     if isinstance(obj, torch.Tensor):
         return [(prefix, obj)]
+    node = _node(obj)
+    if node is None:
+        return []
     out: list[tuple[str, torch.Tensor]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += flat_tensors(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out += flat_tensors(v, f"{prefix}[{i}]")
+    indexed, items, _ = node
+    for key, value in items:
+        out += flat_tensors(value, f"{prefix}[{key}]" if indexed else _joined(prefix, key))
     return out
+
+
+def map_tensors(fn, obj):
+    """`obj` with every tensor t in it replaced by fn(t), each container rebuilt as its own type: whatever
+    torch.utils._pytree knows (dict, list, tuple, named tuples, OrderedDict, dataclasses registered with it,
+    transformers' ModelOutput), and any other Mapping or list/tuple subclass (transformers' BatchEncoding). Other
+    values pass through as they are; `obj` itself is never changed."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    node = _node(obj)
+    if node is None:
+        return obj
+    _, items, rebuild = node
+    return rebuild([map_tensors(fn, value) for _, value in items])
 
 
 def move_to(obj, device: torch.device, copy: bool = False):
     """Every tensor in a nested batch on `device` (non_blocking); other values pass through. With copy=True
     every tensor is a fresh copy even where it is already on `device` (a replay must not share storage with
     anything user code may change in place)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True, copy=copy)
-    if isinstance(obj, dict):
-        return {k: move_to(v, device, copy) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(move_to(v, device, copy) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(move_to(v, device, copy) for v in obj)
-    return obj
+    return map_tensors(lambda t: t.to(device, non_blocking=True, copy=copy), obj)
 
 
 def capture_batch(obj, device: torch.device):
     """The batch as produced, safe from in-place changes by user code: tensors already on `device` (which the
     run would hand to user code as they are) are cloned; the others are kept, since the run only ever gives user
-    code a copy of them on `device`."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone() if _may_alias(obj.device, device) else obj
-    if isinstance(obj, dict):
-        return {k: capture_batch(v, device) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(capture_batch(v, device) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(capture_batch(v, device) for v in obj)
-    return obj
+    code a copy of them on `device`. Its containers are new ones of the same types (user code may also replace a
+    key of a dict or a BatchEncoding)."""
+    return map_tensors(lambda t: t.detach().clone() if _may_alias(t.device, device) else t, obj)
+
+
+def _node(x) -> tuple[bool, list[tuple], Callable[[list], object]] | None:
+    """A container's (whether its keys are indices, its (key, child) pairs, rebuild(children) -> a new container
+    of its type), or None for a leaf. Keys: an index, a dict key, or pytree's key entry (MappingKey, GetAttrKey).
+
+    A plain dict, list or tuple is walked here directly (a batch's usual shape, on every micro-batch: pytree's
+    own flatten costs several times more). Another type pytree has a registration for (named tuples, OrderedDict,
+    a registered dataclass, ModelOutput) is walked by that registration. A Mapping or list/tuple subclass it has
+    none for (transformers' BatchEncoding, a UserDict) is walked here without registering it: a registration is
+    global, and would change how the user's own torch.compile, torch.export or FSDP see their values."""
+    kind = type(x)
+    if kind in _LEAVES:
+        return None
+    if kind is dict:
+        return False, list(x.items()), lambda values: dict(zip(x, values))
+    if kind is list or kind is tuple:
+        return True, list(enumerate(x)), kind
+    registered = pytree.SUPPORTED_NODES.get(pytree._get_node_type(x))
+    if registered is not None:
+        children, context = registered.flatten_fn(x)
+        if registered.flatten_with_keys_fn is None:  # (registered without key names: indices)
+            return True, list(enumerate(children)), lambda values: registered.unflatten_fn(values, context)
+        keys = [key for key, _ in registered.flatten_with_keys_fn(x)[0]]
+        return False, list(zip(keys, children)), lambda values: registered.unflatten_fn(values, context)
+    if isinstance(x, Mapping):
+        return False, list(x.items()), lambda values: _mapping_like(x, dict(zip(x, values)))
+    if isinstance(x, (list, tuple)):
+        return True, list(enumerate(x)), lambda values: type(x)(values)
+    return None
+
+
+def _joined(path: str, key) -> str:
+    """`path` extended by a key or a field: `.name` (no dot at the start); `[i]` for pytree's SequenceKey."""
+    if isinstance(key, pytree.SequenceKey):
+        return f"{path}[{key.idx}]"
+    name = key.key if isinstance(key, pytree.MappingKey) else key.name if isinstance(key, pytree.GetAttrKey) \
+        else key
+    return f"{path}.{name}" if path else str(name)
+
+
+def _mapping_like(x: Mapping, values: dict):
+    """A Mapping of x's type holding `values`, x itself unchanged: a UserDict (BatchEncoding) is copied with its
+    other attributes (the tokenizer's encodings) and given the new items; another Mapping is built from a dict,
+    or is a dict where its type cannot be built from one."""
+    if isinstance(x, UserDict):
+        new = shallow_copy(x)
+        new.data = values
+        return new
+    try:
+        return type(x)(values)
+    except TypeError:
+        return values
 
 
 def _may_alias(a: torch.device, b: torch.device) -> bool:
