@@ -11,7 +11,6 @@ Everything that imports torch is imported inside the commands, so --help and usa
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -21,7 +20,7 @@ import debug_nan
 from debug_nan import torch_support
 from debug_nan.app import run_paths as paths
 from debug_nan.app.cli_help import format_grouped_options
-from debug_nan.app.cli_options import DEFAULTS, run_options
+from debug_nan.app.cli_options import command_options, run_options
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import error_line
 from debug_nan.presentation.outputs import (
@@ -30,7 +29,6 @@ from debug_nan.presentation.outputs import (
     check_writable,
     job_inputs,
     job_outputs,
-    write_text_atomic,
 )
 from debug_nan.process import interrupts, streams
 from debug_nan.settings import build_settings, load_config
@@ -48,7 +46,7 @@ def fail(message: str, report: str | None = None, inputs: dict[str, str] | None 
 
 def write_error_report_safely(report: str, message: str, inputs: dict[str, str], outputs: dict[str, str],
                               code: int = 2) -> None:
-    from debug_nan.presentation.summary import write_error_report
+    from debug_nan.presentation.report import write_error_report
 
     _write_report_safely(report, inputs, outputs, lambda: write_error_report(report, message, code), "error report")
 
@@ -57,12 +55,11 @@ def write_interrupted_report_safely(report: str, exc: BaseException, inputs: dic
                                     outputs: dict[str, str]) -> None:
     """The report of a run interrupted before its log opened (torch still importing, the outputs being checked):
     interrupted, nothing run, the signal's exit code. Without torch (it may be what was being imported)."""
+    from debug_nan.presentation.report import write_interrupted_report
+
     name, code = interrupts.interrupt_name(exc), interrupts.interrupt_code(exc)
-    data = {"status": "clean", "interrupted": True, "steps_run": 0, "first_nonfinite": None, "findings": [],
-            "exit_code": code, "notes": [f"Interrupted ({name}) before the run started: nothing was trained."],
-            "debug_nan": debug_nan.__version__}
-    _write_report_safely(report, inputs, outputs,
-                         lambda: write_text_atomic(report, json.dumps(data, indent=2) + "\n", "--report"), "report")
+    note = f"Interrupted ({name}) before the run started: nothing was trained."
+    _write_report_safely(report, inputs, outputs, lambda: write_interrupted_report(report, code, note), "report")
 
 
 def _write_report_safely(report: str, inputs: dict[str, str], outputs: dict[str, str], write, what: str) -> None:
@@ -273,20 +270,6 @@ def replay(bundle, device, report, log_path, trust):
     sys.exit(code)
 
 
-def _step_micro(value: str | None) -> tuple[int, int] | None:
-    """--trace-at STEP[:MICRO] -> (step, micro), both from 1."""
-    if value is None:
-        return None
-    step, _, micro = value.partition(":")
-    try:
-        where = int(step), int(micro or 1)
-    except ValueError:
-        where = (0, 0)
-    if min(where) < 1:
-        raise click.BadParameter(f"{value!r}: give the step and micro-batch the log named, e.g. 3:1 (both from 1).")
-    return where
-
-
 def _run_report(report: str | None) -> str | None:
     """Where `run`'s error or interrupted report may go: not over a file that is not debug-nan's (app/run_paths.py:
     the command's own, or one it wrote while it ran)."""
@@ -297,30 +280,10 @@ def _run_report(report: str | None) -> str | None:
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
-@click.option("--log", "--log-file", "log_path", type=click.Path(dir_okay=False), default=None,
-              help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own). Under "
-                   "torchrun write --log-file: torchrun's own parser takes --log for its --log-dir.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Stop the command after this many optimizer steps, with a clean summary.")
-@click.option("--explosion-threshold", type=float, default=DEFAULTS.explosion_threshold, show_default=True,
-              help="Gradient norm that counts as an explosion (with growth).")
-@click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
-              help="...and growth over the smallest earlier norm.")
-@click.option("--bundle-dir", type=click.Path(file_okay=False), default=None,
-              help="Where a finding writes its repro bundle (the script's model, optimizer and the recorded code "
-                   "around the model, for debug-nan replay) [default: the report's folder, else .].")
-@click.option("--bundle/--no-bundle", default=True, help="Write a repro bundle on a finding. [default: bundle]")
-@click.option("--trace-at", metavar="STEP[:MICRO]", callback=lambda ctx, param, value: _step_micro(value),
-              help="Trace that micro-batch (default 1) of that optimizer step as it runs, and explain it at its trip "
-                   "instead of replaying it: for a micro-batch the log said could not be replayed in place. The "
-                   "command runs again up to there (its files are written again); the NaN must come back.")
-@click.option("--deterministic", is_flag=True,
-              help="torch.use_deterministic_algorithms(True) in the command (changes its kernels: the pinpoint "
-                   "does not need it, it replays from the run's own state).")
+@command_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bundle_dir, bundle, trace_at,
-        deterministic, command):
+        deterministic, plot, tensorboard, history, command):
     """Run your own training command, unmodified, watched: debug-nan run [OPTIONS] -- python train.py ARGS.
 
     \b
@@ -331,7 +294,8 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
     is stopped (exit 1). A clean run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own.
     Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py ARGS; the
     ranks agree on every trip, each replays its own micro-batch, and they stop together."""
-    report, log_path = paths.absolute(report), paths.absolute(log_path)  # the script may chdir
+    report, log_path, plot = paths.absolute(report), paths.absolute(log_path), paths.absolute(plot)  # it may chdir
+    tensorboard = paths.absolute(tensorboard)
     bundle_dir = paths.absolute(bundle_dir or (os.path.dirname(report) if report else ".")) if bundle else None
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
@@ -339,9 +303,9 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
             require_versions()
             from debug_nan.app.run_job import RunOptions, run_command
         options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic,
-                             bundle_dir, trace_at=trace_at)
-        check_output_paths({"--report": report, "--log": log_path}, inputs, bundle_dir)
-        paths.refuse_foreign({"--report": report, "--log": log_path})
+                             bundle_dir, trace_at=trace_at, plot=plot, tensorboard=tensorboard, history=history)
+        check_output_paths({"--report": report, "--log": log_path, "--plot": plot}, inputs, bundle_dir)
+        paths.refuse_foreign({"--report": report, "--log": log_path, "--plot": plot})
         code = run_command(list(command), options)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)

@@ -1,5 +1,6 @@
-"""The job's command-line options (`debug-nan [OPTIONS]`), each with its default shown from RunSettings: defaults are
-None in Click so that explicit flags can override the TOML config. Grouped for --help by app/cli_help.py."""
+"""The command-line options of the job (`debug-nan [OPTIONS]`) and of `debug-nan run`, each with its default shown
+from RunSettings. The job's defaults are None in Click so that explicit flags can override the TOML config; grouped
+for --help by app/cli_help.py."""
 
 from __future__ import annotations
 
@@ -116,3 +117,59 @@ def run_options(fn):
     return fn
 
 
+
+
+def _step_micro(value: str | None) -> tuple[int, int] | None:
+    """--trace-at STEP[:MICRO] -> (step, micro), both from 1."""
+    if value is None:
+        return None
+    step, _, micro = value.partition(":")
+    try:
+        where = int(step), int(micro or 1)
+    except ValueError:
+        where = (0, 0)
+    if min(where) < 1:
+        raise click.BadParameter(f"{value!r}: give the step and micro-batch the log named, e.g. 3:1 (both from 1).")
+    return where
+
+
+# `debug-nan run [OPTIONS] -- COMMAND`'s options: the job's outputs and checks that apply to a command of the user's
+# (no AAM, no training knob: the script's own), each with its default shown
+COMMAND_OPTIONS = [
+    click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here."),
+    click.option("--log", "--log-file", "log_path", type=click.Path(dir_okay=False), default=None,
+                 help="A copy of debug-nan's lines (which go to stderr: the command's stdout stays its own). Under "
+                      "torchrun write --log-file: torchrun's own parser takes --log for its --log-dir."),
+    click.option("--max-steps", type=click.IntRange(min=1), default=None,
+                 help="Stop the command after this many optimizer steps, with a clean summary."),
+    click.option("--explosion-threshold", type=float, default=DEFAULTS.explosion_threshold, show_default=True,
+                 help="Gradient norm that counts as an explosion (with growth)."),
+    click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
+                 help="...and growth over the smallest earlier norm."),
+    click.option("--bundle-dir", type=click.Path(file_okay=False), default=None,
+                 help="Where a finding writes its repro bundle (the script's model, optimizer and the recorded code "
+                      "around the model, for debug-nan replay) [default: the report's folder, else .]."),
+    click.option("--bundle/--no-bundle", default=True, help="Write a repro bundle on a finding. [default: bundle]"),
+    click.option("--trace-at", metavar="STEP[:MICRO]", callback=lambda ctx, param, value: _step_micro(value),
+                 help="Trace that micro-batch (default 1) of that optimizer step as it runs, and explain it at its "
+                      "trip instead of replaying it: for a micro-batch the log said could not be replayed in place. "
+                      "The command runs again up to there (its files are written again); the NaN must come back."),
+    click.option("--deterministic", is_flag=True,
+                 help="torch.use_deterministic_algorithms(True) in the command (changes its kernels: the pinpoint "
+                      "does not need it, it replays from the run's own state)."),
+    click.option("--plot", type=click.Path(dir_okay=False), default=None,
+                 help="Heat map of the per-layer history (PNG; needs matplotlib)."),
+    click.option("--tensorboard", type=click.Path(file_okay=False), default=None,
+                 help="Write the history (loss, lr, loss scale, per-layer max |activation| and gradient norm) as "
+                      "TensorBoard scalars and the finding as text into this folder at the end of the run (needs "
+                      "tensorboard)."),
+    click.option("--history", type=click.Choice(CHOICES["history"]), default=DEFAULTS.history, show_default=True,
+                 help="The per-layer history before the summary: compact (one screen: deep models grouped by "
+                      "block) or full (every module with parameters)."),
+]
+
+
+def command_options(fn):
+    for option in reversed(COMMAND_OPTIONS):
+        fn = option(fn)
+    return fn

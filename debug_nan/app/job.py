@@ -26,15 +26,13 @@ from debug_nan.engine.session import distributed
 from debug_nan.engine.session.outcome import RunResult
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import write_bundle
-from debug_nan.presentation.history_plot import check_plot_available, plot_history
-from debug_nan.presentation.history_table import history_lines
-from debug_nan.presentation.line_width import LINE_WIDTH, log_width
+from debug_nan.presentation.history_plot import check_plot_available
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError, check_output_paths, check_writable, job_inputs, job_outputs
 from debug_nan.presentation.step_line import StepLines
-from debug_nan.presentation.summary import exit_code, finding_lines, report_dict, write_report, write_summary
-from debug_nan.presentation.tensorboard import check_tensorboard, finding_markdown, write_tensorboard
-from debug_nan.process import streams
+from debug_nan.presentation.pipeline import OutputOptions, present
+from debug_nan.presentation.summary import exit_code, write_summary
+from debug_nan.presentation.tensorboard import check_tensorboard
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import RunSettings
 
@@ -175,64 +173,12 @@ def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> 
     return InputError(f"building the trainer: {describe_exception(exc)}")
 
 
-def tensorboard_texts(result) -> dict[str, str]:
-    """The run's status and its first finding, as the summary prints them."""
-    texts = {"status": f"{result.status}, {result.steps_run} step(s) run"}
-    if result.finding is not None:
-        texts["finding"] = finding_markdown(finding_lines(result.finding))
-    if result.error:
-        texts["error"] = result.error
-    return texts
-
-
 def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
-    """The history table, the JSON report, then the plot (a failure to write one never loses the other), then the
-    summary with the real exit code (the last block of the log). Returns the exit code; raises OutputWriteError
-    (exit 2) after the summary when an output could not be written."""
-    full, found = s.history == "full", result.finding.module if result.finding is not None else None
-    if result.history.steps and not s.quiet:
-        log()
-        log.rule(f"HISTORY (per layer, {len(result.history.steps)} step(s))")
-        # as wide as the log's lines (DEBUG_NAN_LOG_WIDTH; 0, never wrap, keeps the default table width)
-        for line in history_lines(result.history, trainer.model, full, found, width=log_width() or LINE_WIDTH):
-            log(line)
-    if log.copy_failure:
-        result.notes.append(log.copy_failure)
-    result.notes.extend(streams.notes())
-    if log.stdout_closed and not streams.failure("stdout"):
-        result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
-    failures, written = [], []
-    if s.report:
-        try:
-            write_report(s.report, report_dict(result, s, device, elapsed))
-            written.append(f"JSON report written to {s.report}")
-        except OutputWriteError as exc:
-            failures.append(str(exc))
-    if s.plot and result.history.steps:
-        try:
-            plot_history(result.history, trainer.model, s.plot, full, found)
-            written.append(f"heat map written to {s.plot}")
-        except OutputWriteError as exc:
-            failures.append(str(exc))
-    if s.tensorboard and result.history.steps:
-        try:
-            event = write_tensorboard(s.tensorboard, result.history, trainer.model, tensorboard_texts(result))
-            written.append(f"TensorBoard events written to {event} (tensorboard --logdir {s.tensorboard})")
-        except OutputWriteError as exc:
-            failures.append(str(exc))
-    if failures:
-        result.notes.append(f"The run itself ended with exit {exit_code(result)}; exit 2 because an output could not "
-                            f"be written: {' '.join(failures)}")
-        result.exit_code = 2
-        if written and s.report and written[0].startswith("JSON"):  # the report says the real exit code too
-            try:
-                write_report(s.report, report_dict(result, s, device, elapsed))
-            except OutputWriteError:
-                pass
-    write_summary(log, result, elapsed, interrupt_name())
-    for line in written:
-        log(line)
-    log.close()
-    if failures:
-        raise OutputWriteError(" ".join(failures))
+    """Every output through the one pipeline (presentation/pipeline.py), then the real exit code; raises
+    OutputWriteError (exit 2) after the summary when an output could not be written."""
+    options = OutputOptions(s.report, s.plot, s.tensorboard, s.history, s.quiet)
+    failure = present(log, result, trainer.model if trainer is not None else None, options, settings=s.to_dict(),
+                      device=device, elapsed=elapsed, interrupted_by=interrupt_name())
+    if failure is not None:
+        raise OutputWriteError(failure)
     return exit_code(result)

@@ -28,7 +28,8 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import read_bundle, same_origin, task_file_state
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError, check_output_paths, check_writable, task_file
-from debug_nan.presentation.summary import exit_code, report_dict, write_report, write_summary
+from debug_nan.presentation.report import build_report, write_report
+from debug_nan.presentation.summary import exit_code, write_summary
 from debug_nan.process import streams
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import FIELD_TYPES, RunSettings
@@ -156,7 +157,8 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
     if report:
         settings = RunSettings(**{**data["settings"], "device": device_spec})
         try:
-            write_report(report, {**report_dict(result, settings, device, elapsed), "replay_of": bundle})
+            write_report(report, build_report(result, exit_code=exit_code(result), settings=settings.to_dict(),
+                                              device=device, elapsed=elapsed, replay_of=bundle))
         except OutputWriteError as exc:
             failure = exc
             result.notes.append(f"{exc} (exit 2)")

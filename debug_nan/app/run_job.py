@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +26,7 @@ from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.sharded import user_class
 from debug_nan.errors import CommandRaised, InputError, describe_exception
-from debug_nan.presentation.log import Log, error_line
+from debug_nan.presentation.log import Log, RankMarked, error_line
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
 from debug_nan.settings import RunSettings
@@ -48,6 +47,17 @@ class RunOptions:
     start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
     trace_at: tuple[int, int] | None = None  # --trace-at STEP:MICRO: that micro-batch traced as it runs
     command: list[str] | None = None  # the command as typed (set by run_command)
+    plot: str | None = None  # --plot, --tensorboard, --history: as for the job
+    tensorboard: str | None = None
+    history: str = "compact"
+
+    def report_settings(self) -> dict:
+        """The report's `settings`: the options this run used (none of the job's AAM or training knobs)."""
+        return {"report": self.report, "log": self.log, "plot": self.plot, "tensorboard": self.tensorboard,
+                "history": self.history, "max_steps": self.max_steps, "explosion_threshold": self.explosion_threshold,
+                "explosion_growth": self.explosion_growth, "deterministic": self.deterministic,
+                "bundle_dir": self.bundle_dir, "bundle": self.bundle_dir is not None,
+                "trace_at": list(self.trace_at) if self.trace_at else None}
 
 
 class RunListener:
@@ -156,7 +166,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     command = commands.resolve(words)
     options.command = list(words)
     main_rank = ranks is None or ranks.is_main
-    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
+    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop", options.plot,
+                      options.tensorboard, options.history)
     # another rank's lines are held back: shown (marked with its rank) only if it ends alone
     log = outputs.log = (Log(paths.partial(options.log), follow_stderr=True) if main_rank
                          else Log(None, stream=io.StringIO()))
@@ -248,13 +259,14 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None
     outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
+    outputs.plot = paths.destination(outputs.plot, "--plot", _streamed[1], log)
     if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
-        log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
+        log.stream = RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
-                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
+                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0,
+                              report_settings=options.report_settings())
     if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
-        log(error_line(f"{outputs.write_failure} The run itself ended with exit {final(result)}; exit 2 because "
-                       f"its report could not be written."), "red")
+        log(error_line(outputs.write_failure), "red")
         return 2, together
     return final(result), together
 
@@ -290,17 +302,3 @@ def _place_log(options: RunOptions) -> None:
     paths.place(log.copy_path, options.log, "--log", script, notes.append)
     for line in notes:
         log(line, "yellow")
-
-
-class _RankMarked:
-    """stderr for another rank's log lines, each marked with the rank (`held`: its lines so far)."""
-
-    def __init__(self, rank: int, held: str):
-        self.prefix = f"[rank {rank}] "
-        self.write(held)
-
-    def write(self, text: str) -> None:
-        sys.stderr.write("".join(self.prefix + line for line in text.splitlines(keepends=True)))
-
-    def flush(self) -> None:
-        sys.stderr.flush()

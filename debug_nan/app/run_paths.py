@@ -4,7 +4,7 @@ The rule, in two halves:
 - at the start, every output path is made absolute against the starting working directory (a script that
   `os.chdir`s does not move them), and an output path that already exists must be a file debug-nan may replace:
   empty, or an earlier debug-nan output (a JSON report with a `debug_nan` key, a log whose first line is
-  debug-nan's). Anything else (the script, a module it imports, a data file) is refused: exit 2.
+  debug-nan's, a --plot PNG whose Software is debug-nan). Anything else (the script, a module it imports, a data file) is refused: exit 2.
 - at the end, an output path that the command opened (any `open` while it ran, read or write, seen through an
   audit hook) or imported (the `__file__` of every module in sys.modules, the script itself) is not written
   over: the output goes to `NAME.debug-nan.SUFFIX` beside it instead, and the log says so.
@@ -24,6 +24,7 @@ from debug_nan.errors import InputError
 _opened: set[str] = set()  # real paths the command opened while `recording` was on
 _state = {"hooked": False, "recording": False}
 MAX_REPORT_BYTES = 256 << 20  # a larger file is not one of ours: never read whole
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def absolute(path: str | None) -> str | None:
@@ -42,6 +43,10 @@ def replaceable(path: str, option: str) -> bool:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
             return isinstance(data, dict) and "debug_nan" in data and "status" in data
+        if option == "--plot":  # a PNG whose Software text chunk (before its image data) is debug-nan's
+            with open(path, "rb") as handle:
+                head = handle.read(4096)
+            return head.startswith(PNG_SIGNATURE) and b"tEXtSoftware\x00debug-nan" in head.split(b"IDAT", 1)[0]
         with open(path, encoding="utf-8", errors="replace") as handle:
             first = handle.readline(200)
         return first.startswith(("[debug-nan]", "debug-nan"))
@@ -56,8 +61,8 @@ def refuse_foreign(outputs: dict[str, str | None]) -> None:
             continue
         if os.path.isdir(path) or not os.path.isfile(path) or replaceable(path, option):
             continue  # (a folder, a device: check_writable says what is wrong with it)
-        raise InputError(f"{option} {path} already exists and is not an earlier debug-nan output (a JSON report "
-                         f"or log it wrote, or an empty file): it may be a file of your command (its script, a "
+        raise InputError(f"{option} {path} already exists and is not an earlier debug-nan output (a JSON report, "
+                         f"log or plot it wrote, or an empty file): it may be a file of your command (its script, a "
                          f"module it imports, its data), and debug-nan never writes over those. Give {option} a "
                          f"new path, or delete that file if it is yours to lose.")
 

@@ -1,5 +1,6 @@
-"""What a callback leaves behind: the CLI's summary block on stderr (the script's stdout stays its own, byte for
-byte, as under `debug-nan run`), the JSON report and the repro bundles.
+"""What a callback (and `debug-nan run`) leaves behind, through the CLI's output pipeline (presentation/pipeline.py):
+the history table and the summary block on stderr (the script's stdout stays its own, byte for byte), the JSON
+report, the plot and TensorBoard events asked for, and the repro bundles.
 
 The options are checked when the callback is built (a report path that cannot be written fails before any
 training time is spent); the log opens when training starts (a callback may be pickled into worker processes).
@@ -13,55 +14,61 @@ from pathlib import Path
 
 from debug_nan.engine.session.outcome import RunResult
 from debug_nan.errors import InputError, describe_exception
-from debug_nan.presentation.log import Log
-from debug_nan.presentation.outputs import OutputWriteError, check_writable
-from debug_nan.presentation.summary import report_dict, write_report, write_summary
+from debug_nan.presentation.history_plot import check_plot_available
+from debug_nan.presentation.log import Log, RankMarked
+from debug_nan.presentation.outputs import check_writable, rank_path
+from debug_nan.presentation.pipeline import OutputOptions, present
+from debug_nan.presentation.tensorboard import check_tensorboard
 from debug_nan.settings import RunSettings
 
 ON_TRIP = ("stop", "raise")
 
 
-class RankLog(Log):
-    """Another rank's lines on the shared stderr, marked with the rank."""
-
-    def __init__(self, rank: int, stream=None):
-        super().__init__(None, stream=stream)
-        self.rank = rank
-
-    def __call__(self, line: str = "", colour: str | None = None) -> None:
-        super().__call__(f"[rank {self.rank}] {line}" if line else line, colour)
+# the settings a callback runs with: its own options and what it reads from the framework (the report's
+# `settings`; its RunSettings' other fields are the CLI's defaults, which it never used)
+CALLBACK_SETTINGS = ("task", "device", "max_steps", "gradient_accumulation_steps", "precision", "max_grad_norm",
+                     "seed", "explosion_threshold", "explosion_growth", "snapshot_every", "outputs_every", "report",
+                     "log", "bundle_dir", "bundle")
 
 
 class Outputs:
-    def __init__(self, report: str | None, bundle_dir: str | None, bundle: bool, log: str | None, on_trip: str):
+    def __init__(self, report: str | None, bundle_dir: str | None, bundle: bool, log: str | None, on_trip: str,
+                 plot: str | None = None, tensorboard: str | None = None, history: str = "compact"):
         if on_trip not in ON_TRIP:
             raise InputError(f"on_trip={on_trip!r}: use 'stop' (end training, model left at its last finite "
                              f"state) or 'raise' (raise debug_nan.NonFiniteError out of the fit/train call).")
         check_writable(report, "report=")
         check_writable(log, "log=")
+        check_writable(plot, "--plot")  # (run's: the callbacks take no plot or TensorBoard folder)
+        check_plot_available(plot)
+        check_tensorboard(tensorboard)
         if bundle_dir is not None and Path(bundle_dir).is_file():
             raise InputError(f"bundle_dir={bundle_dir} is a file; give a folder.")
         self.report, self.log_path, self.on_trip = report, log, on_trip
+        self.plot, self.tensorboard, self.history = plot, tensorboard, history
         # as in the CLI: bundles beside the report unless a folder is given; none without either
         self.bundle_dir = (bundle_dir or (str(Path(report).parent) if report else None)) if bundle else None
         self.log: Log | None = None
         self.started = time.perf_counter()
         self.result: RunResult | None = None
-        self.write_failure: str | None = None  # why the report could not be written (a full disk), for the caller
+        self.write_failure: str | None = None  # why an output could not be written (a full disk), for the caller
 
     def open(self, rank: int = 0) -> Log:
         """The log for this rank: rank 0 writes stderr (and the copy), the others mark their lines."""
         if self.log is None:
-            self.log = Log(self.log_path, stream=sys.stderr) if rank == 0 else RankLog(rank, stream=sys.stderr)
+            self.log = Log(self.log_path, stream=sys.stderr) if rank == 0 else Log(None, stream=RankMarked(rank))
         self.started = time.perf_counter()
         return self.log
 
     def conclude(self, monitor, settings: RunSettings, integration: dict, write: bool = True,
                  error: BaseException | None = None, interrupted: bool = False, rank: int = 0,
-                 exit_code=None) -> RunResult:
-        """The summary block and the JSON report, once per run (later calls return the first result).
-        `exit_code(result)`: the process's exit code where the caller decides it (debug-nan run); else the report's
-        exit_code is null, the framework's to decide."""
+                 exit_code=None, report_settings: dict | None = None) -> RunResult:
+        """The history table, the JSON report, the plot and TensorBoard events asked for, and the summary block,
+        once per run (later calls return the first result), through the one output pipeline. `exit_code(result)`:
+        the process's exit code where the caller decides it (debug-nan run); else the report's exit_code is null,
+        the framework's to decide. `report_settings`: the report's `settings` (default: a callback's,
+        CALLBACK_SETTINGS of `settings` and on_trip). Another rank writing alone (user code raised there) writes
+        its report beside rank 0's (report.rank1.json), and no plot or TensorBoard events."""
         if self.result is not None:
             return self.result
         optimizer = monitor.optimizer
@@ -83,20 +90,15 @@ class Outputs:
         self.result = result
         if not write or self.log is None:
             return result
-        elapsed = time.perf_counter() - self.started
-        write_summary(self.log, result, elapsed, exits=exit_code is not None)
-        if self.report:
-            path = self.report if rank == 0 else _rank_path(self.report, rank)
-            data = report_dict(result, settings, monitor.device, elapsed)
-            data["integration"] = integration
-            data["exit_code"] = result.exit_code  # None: the framework's (the script's) to decide
-            try:
-                write_report(path, data)
-                self.log(f"JSON report written to {path}")
-            except OutputWriteError as exc:  # the user's training must not fail at its end for our report
-                self.write_failure = str(exc)
-                self.log(f"  could not write the JSON report: {exc}", "yellow")
-        self.log.close()
+        if report_settings is None:
+            report_settings = {**{name: getattr(settings, name) for name in CALLBACK_SETTINGS},
+                               "on_trip": self.on_trip}
+        options = OutputOptions(self.report if rank == 0 or not self.report else rank_path(self.report, rank),
+                                self.plot if rank == 0 else None, self.tensorboard if rank == 0 else None,
+                                self.history)
+        self.write_failure = present(self.log, result, monitor.model, options, settings=report_settings,
+                                     device=monitor.device, elapsed=time.perf_counter() - self.started,
+                                     extra={"integration": integration}, exits=exit_code is not None)
         return result
 
 
@@ -114,12 +116,6 @@ class CallbackOutcome:
     @property
     def status(self) -> str | None:
         return self.outputs.result.status if self.outputs.result is not None else None
-
-
-def _rank_path(path: str, rank: int) -> str:
-    """Another rank writing alone (user code raised there): report.json -> report.rank1.json."""
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
 
 
 def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accumulation: int, precision: str,

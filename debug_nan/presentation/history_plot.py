@@ -16,6 +16,7 @@ from debug_nan.presentation.outputs import atomic_write
 # category -> (colour, legend label); cells of the finite log10 scale are drawn with the colour map instead
 SPECIAL = {1: ("#d62728", "NaN"), 2: ("#ff00ff", "Inf"), 3: ("#7f7f7f", "exactly 0"), 4: ("#ffffff", "not measured")}
 CMAP = "viridis"
+SOFTWARE = "debug-nan"  # the PNG's Software text: `debug-nan run` may replace a PNG of its own (app/run_paths.py)
 
 
 def check_plot_available(path: str | None) -> None:
@@ -92,6 +93,7 @@ def plot_history(history: History, model: nn.Module, path: str, full: bool = Fal
                    frameon=False)
     fig.suptitle(f"debug-nan per-layer history, {len(steps)} step(s)", fontsize=11)
     try:  # atomic: a failed write leaves no half PNG (OutputWriteError names --plot and why)
-        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=110), "--plot")
+        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=110, metadata={"Software": SOFTWARE}),
+                     "--plot")
     finally:
         plt.close(fig)

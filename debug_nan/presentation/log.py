@@ -133,3 +133,19 @@ class Log:
             except OSError as exc:
                 self._copy_failed(exc)
             self.copy = None
+
+
+class RankMarked:
+    """The stream of another rank's lines: the shared stderr (as it is now), each line marked `[rank N] `. `held`:
+    that rank's lines so far, held back while it was not known whether it would end alone (`debug-nan run`)."""
+
+    def __init__(self, rank: int, held: str = ""):
+        self.prefix = f"[rank {rank}] "
+        if held:
+            self.write(held)
+
+    def write(self, text: str) -> None:
+        sys.stderr.write("".join(self.prefix + line for line in text.splitlines(keepends=True)))
+
+    def flush(self) -> None:
+        sys.stderr.flush()

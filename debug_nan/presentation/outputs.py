@@ -69,6 +69,12 @@ def job_inputs(values: Mapping, config: str | None = None) -> dict[str, str]:
     return {label: str(path) for label, path in inputs.items() if path}
 
 
+def rank_path(path: str, rank: int) -> str:
+    """Another rank's own copy of an output, beside it: report.json -> report.rank1.json."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
 def job_outputs(values: Mapping) -> dict[str, str]:
     return {f"--{k}": str(values[k]) for k in ("report", "log", "plot") if values.get(k)}
 

@@ -1,19 +1,13 @@
-"""The last block of the log (the summary that pinpoints the first origin) and the JSON report."""
+"""The last block of the log: the summary that pinpoints the first origin (the JSON report: report.py)."""
 
 from __future__ import annotations
 
-import json
-import math
 import textwrap
 
-import torch
-
-import debug_nan
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.stats import TensorStats
 from debug_nan.engine.vocabulary import Cause, Phase
 from debug_nan.engine.watch.quiet import quiet_warnings
-from debug_nan.presentation.outputs import write_text_atomic
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
@@ -111,51 +105,3 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", e
         for line in _wrap("note", note):
             log(line)
     log.rule()
-
-
-def report_dict(result, settings, device, elapsed: float) -> dict:
-    first = result.finding.to_dict() if result.finding is not None else None
-    return {
-        "status": result.status,
-        "steps_run": result.steps_run,
-        "first_nonfinite": first,
-        "findings": [f.to_dict() for f in result.findings],
-        "error": result.error,
-        "interrupted": result.interrupted,
-        "exit_code": exit_code(result),
-        "elapsed_s": round(elapsed, 3),
-        "device": str(device) if device is not None else None,
-        "torch": torch.__version__,
-        "debug_nan": debug_nan.__version__,
-        "settings": settings.to_dict(),
-        "history": result.history.to_dict(),
-        "history_kept": result.history.kept(),  # bounded on long runs: what the per-layer series keep
-        "notes": result.notes,
-        "warnings": quiet_warnings(result.history),
-        "recipe": result.recipe,
-    }
-
-
-def _json_safe(obj):
-    """Strict JSON: non-finite floats become the strings "nan", "inf", "-inf"; unknown objects their str()."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else ("nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf"))
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    return str(obj)
-
-
-def write_report(path: str, data: dict) -> None:
-    """Strict JSON, written atomically: a reader never sees half a report (OutputWriteError when it fails)."""
-    write_text_atomic(path, json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n", "--report")
-
-
-def write_error_report(path: str, message: str, exit_code: int) -> None:
-    """The report of a run that could not start (bad usage or input): status error, the message, the code."""
-    write_report(path, {"status": "error", "steps_run": 0, "first_nonfinite": None, "findings": [],
-                        "error": message, "exit_code": exit_code, "torch": torch.__version__,
-                        "debug_nan": debug_nan.__version__})

@@ -45,7 +45,7 @@ LAZY = {
     ("debug_nan.app.cli", "debug_nan.app.job"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.app.replay"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.app.run_job"): "--help and usage errors answer without importing torch",
-    ("debug_nan.app.cli", "debug_nan.presentation.summary"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.presentation.report"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.engine.session.distributed"): "--help and usage errors answer without importing "
                                                                   "torch",
 }
