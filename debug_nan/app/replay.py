@@ -28,9 +28,8 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import read_bundle, same_origin, task_file_state
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError, check_output_paths, check_writable, task_file
-from debug_nan.presentation.report import build_report, write_report
-from debug_nan.presentation.summary import exit_code, write_summary
-from debug_nan.process import streams
+from debug_nan.presentation.pipeline import OutputOptions, present
+from debug_nan.presentation.summary import exit_code
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
 from debug_nan.settings import FIELD_TYPES, RunSettings
 
@@ -149,24 +148,12 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
                                 f"({recorded['cause']}); the replay differs (non-determinism or another device).")
     elif not result.interrupted and result.status != "error":
         result.notes.append("The replay did not reproduce a non-finite value.")
-    result.notes.extend(streams.notes())
     if trainer is not None:
         result.recipe = trainer.recipe.describe()
-    elapsed = time.perf_counter() - started
-    failure = None
-    if report:
-        settings = RunSettings(**{**data["settings"], "device": device_spec})
-        try:
-            write_report(report, build_report(result, exit_code=exit_code(result), settings=settings.to_dict(),
-                                              device=device, elapsed=elapsed, replay_of=bundle))
-        except OutputWriteError as exc:
-            failure = exc
-            result.notes.append(f"{exc} (exit 2)")
-            result.exit_code = 2
-    write_summary(log, result, elapsed, interrupt_name())
-    if report and failure is None:
-        log(f"JSON report written to {report}")
-    log.close()
+    settings = RunSettings(**{**data["settings"], "device": device_spec})
+    failure = present(log, result, trainer.model if trainer is not None else None, OutputOptions(report),
+                      settings=settings.to_dict(), device=device, elapsed=time.perf_counter() - started,
+                      extra={"replay_of": bundle}, interrupted_by=interrupt_name())
     if failure is not None:
-        raise failure
+        raise OutputWriteError(failure)
     return exit_code(result)
