@@ -170,18 +170,19 @@ class SkipRun:
 def skipped_steps_finding(run: SkipRun, step: int, micro: int, scale_now: float, kind: str) -> Finding:
     """The GradScaler skipped SKIPS_FINDING steps in a row: the model has not been updated since, although each
     step's gradients were finite at scale 1."""
+    since = "since the run began" if run.first == 1 else f"since step {run.first - 1}"
     explanation = (f"The GradScaler skipped {run.count} steps in a row (steps {run.first}-{run.last}) and the model "
-                   f"has not been updated since step {run.first - 1}: each step's gradients went {kind.upper()} "
-                   f"under the loss scale, and each time they were finite at scale 1 (the probe's replay), so each "
-                   f"was the scale's overflow, as the scaler takes it. Its scale fell from "
-                   f"{scale_words(run.scale)} to {scale_words(scale_now)} and is still too high for float16 "
-                   f"(largest finite value 65504).")
+                   f"has not been updated {since}: each step's gradients went {kind.upper()} under the loss "
+                   f"scale, and each time they were finite at scale 1 (the probe's replay), so each was the "
+                   f"scale's overflow, as the scaler takes it. Its scale fell from {scale_words(run.scale)} to "
+                   f"{scale_words(scale_now)} and the scaled gradients still overflow (float16 at 65504, float32 "
+                   f"at 3.4e38).")
     return Finding(step=step, micro_step=micro, phase=Phase.BACKWARD, module="", module_type="", op=None, kind=kind,
                    cause=Cause.OVERFLOW, explanation=explanation, source=None, suggestions=[
                        "Start the GradScaler lower (torch.amp.GradScaler(init_scale=...); the default is 65536) or "
                        "let it back off faster (backoff_factor, 0.5 by default).",
-                       "Train in bf16 (torch.autocast(..., dtype=torch.bfloat16)): float32's range, no loss scale "
-                       "to overflow and no GradScaler needed.",
+                       "Under float16 autocast, train in bf16 instead (--precision bf16): float32's range, and no "
+                       "GradScaler is needed.",
                        "Look at the gradient norms in the history: gradients near float16's 65504 at scale 1 leave "
                        "no room for any loss scale; normalise or clip what makes them that large."],
                    watch=f"{run.count} consecutive steps skipped by the GradScaler", detected_by="gradient history")
