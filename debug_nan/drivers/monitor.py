@@ -47,6 +47,7 @@ from debug_nan.engine.replay.driver import TaskFailure  # noqa: E402
 from debug_nan.engine.session.policies import SessionPolicies  # noqa: E402
 from debug_nan.engine.session.precision import autocast_as, autocast_state, scaled_step  # noqa: E402
 from debug_nan.engine.session.session import StepSession  # noqa: E402
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies  # noqa: E402
 from debug_nan.presentation.summary import finding_lines  # noqa: E402
 from debug_nan.settings import RunSettings  # noqa: E402
 
@@ -91,7 +92,13 @@ class Monitor:
         self._hook = optimizer.register_step_post_hook(self._stepped) if optimizer is not None else None
         self._outside = self._watch_outside()
         self._autocast: tuple | None = None  # the autocast state of the model's last forward inside step()
-        self._forward_hook = model.register_forward_pre_hook(self._forward_state)
+        self._forward_hook = self._hook_forward()
+
+    def _hook_forward(self):
+        """The model's forward pre-hook that reads the autocast state it runs under (a copy of the model holds none
+        of it: module_hooks.keep_out_of_copies)."""
+        keep_out_of_copies(self.model)
+        return self.model.register_forward_pre_hook(ModuleHook(self._forward_state, compiled="eager"))
 
     def _forward_state(self, *_) -> None:
         if self.watch.enabled and not self._replaying:
@@ -195,7 +202,7 @@ class Monitor:
     def attach(self) -> None:
         """Register the hooks again after close() (the state the monitor holds is kept)."""
         self.watch.attach()
-        self._forward_hook = self.model.register_forward_pre_hook(self._forward_state)
+        self._forward_hook = self._hook_forward()
         if not self._outside.handles:
             self._outside = self._watch_outside()
         if self._hook is None and self.optimizer is not None:
