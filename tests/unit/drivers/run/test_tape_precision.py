@@ -80,3 +80,23 @@ def test_the_probe_backpropagates_the_loss_before_the_grad_scalers_scale(recorde
     (as_run,), _ = tape.backward_args(values)
     (unscaled,), _ = tape.backward_args(values, scaled=False)
     assert torch.equal(as_run, scaled) and torch.equal(unscaled, loss)
+
+
+def test_the_replayer_keeps_and_logs_the_first_divergence(recorder):
+    """TapeReplayer (what `run` and `debug-nan replay` share): the divergence is logged once and kept for the
+    finding (RunDriver adds it to the finding's explanation)."""
+    from debug_nan.drivers.run.replayer import TapeReplayer
+
+    torch.manual_seed(0)
+    model, x, y = nn.Linear(4, 2), torch.randn(3, 4), torch.randn(3, 2)
+    tape, _, _ = _record(recorder, model, x, y)
+    tape.entries[0].autocast = ()  # the model's call replayed in float32
+    replayer, lines = TapeReplayer(), []
+    replayer.model, replayer.optimizer = model, None
+    replayer.log = lambda line, colour=None: lines.append(line)
+    loss, _ = replayer.replay_loss(x.clone(), tape)
+    replayer.replay_loss(x.clone(), tape)
+    assert replayer.diverged.startswith("The replay diverged from the run in precision: the model's forward")
+    assert len(lines) == 1 and lines[0] == f"  [pinpoint] {replayer.diverged}"
+    replayer.backward(loss)
+    assert model.weight.grad is not None
