@@ -119,8 +119,8 @@ SKIPS_FINDING = 32
 
 
 def scale_words(scale: float) -> str:
-    """65536 -> "65536", 1.7e7 -> "1.7e7", 0.5 -> "0.5": a loss scale as the log shows it."""
-    if scale >= 1e6 or 0 < scale < 1e-3:
+    """65536 -> "65536", 2.6e5 -> "2.6e5", 0.5 -> "0.5": a loss scale as the log shows it."""
+    if scale >= 1e5 or 0 < scale < 1e-3:
         mantissa, exponent = f"{scale:.2g}".split("e")
         return f"{mantissa}e{int(exponent)}"
     return f"{scale:g}"

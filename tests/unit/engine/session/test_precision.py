@@ -49,7 +49,7 @@ def test_only_a_scale_above_1_can_overflow_what_is_finite_without_it(scale, over
 
 
 def test_scales_as_the_log_shows_them():
-    assert [scale_words(s) for s in (65536.0, 1.7e7, 2.6e5, 0.5, 1.7e38)] == ["65536", "1.7e7", "260000", "0.5",
+    assert [scale_words(s) for s in (65536.0, 1.7e7, 2.6e5, 0.5, 1.7e38)] == ["65536", "1.7e7", "2.6e5", "0.5",
                                                                             "1.7e38"]
 
 
