@@ -28,7 +28,7 @@ def quiet_warnings(history: History) -> list[str]:
     skipped = [r.step for r in steps if r.scaler_skipped]
     if len(steps) >= 2 and len(skipped) == len(steps):
         out.append(f"the fp16 GradScaler skipped every step ({_steps(skipped)}): the scaled gradients overflowed fp16 "
-                   f"each time, so the model never updated although nothing tripped. Gradients that large for fp16 "
+                   f"each time, so the model never updated. Gradients that large for fp16 "
                    f"(a loss summed instead of averaged, an unnormalised target) need a smaller GradScaler "
                    f"init_scale, a mean loss, or --precision bf16.")
     run: list[int] = []
