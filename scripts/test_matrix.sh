@@ -32,7 +32,8 @@ UNIT=(tests/unit/foundation/test_torch_support.py tests/unit/test_layers.py test
       tests/unit/engine/trace/test_tracer.py tests/unit/engine/watch/test_watch.py
       tests/unit/engine/replay/test_snapshot.py tests/unit/drivers/run/test_tape.py tests/unit/drivers/run/test_ranks.py
       tests/unit/drivers/monitor/test_api.py tests/unit/drivers/run/test_bundle.py
-      tests/unit/presentation/test_bundle_signature.py)
+      tests/unit/presentation/test_bundle_signature.py tests/unit/engine/session/test_precision.py
+      tests/unit/drivers/run/test_tape_precision.py)
 # (the two-rank tests, 30-90 s each on a loaded 2-core machine, live in tests/e2e/ddp and are left to the main leg,
 # but the one below: torchrun, the ranks' agreement and DDP's reducer on the oldest torch)
 SKIP=()
@@ -47,6 +48,9 @@ E2E=("tests/e2e/run/test_run_plain.py::test_broken_loop_same_finding_as_the_task
      # need framework releases that need a newer torch: the main leg runs them)
      "$PARITY[every_label_ignored-cli]" "$PARITY[every_label_ignored-monitor]" "$PARITY[every_label_ignored-run]"
      "$PARITY[optimizer_divides_by_zero-cli]" "$PARITY[optimizer_divides_by_zero-run]"
+     # mixed precision: the autocast state's API (torch >= 2.4) and the GradScaler's probe
+     "$PARITY[bf16_labels_ignored-cli]" "$PARITY[bf16_labels_ignored-monitor]" "$PARITY[bf16_labels_ignored-run]"
+     "tests/e2e/run/test_run_precision.py::test_a_real_nan_under_the_grad_scaler_is_found_at_its_first_step"
      "tests/e2e/ddp/test_run_ddp.py::test_a_nan_born_in_rank_1s_backward_is_rank_1s_though_every_rank_saw_it_first")
 
 say() { echo "matrix: $*"; }

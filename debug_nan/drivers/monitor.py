@@ -45,8 +45,9 @@ from debug_nan.drivers.task import split_loss  # noqa: E402
 from debug_nan.engine.explain.finding import Finding  # noqa: E402
 from debug_nan.engine.replay.driver import TaskFailure  # noqa: E402
 from debug_nan.engine.session.policies import SessionPolicies  # noqa: E402
-from debug_nan.engine.session.precision import scaled_step  # noqa: E402
+from debug_nan.engine.session.precision import autocast_as, autocast_state, scaled_step  # noqa: E402
 from debug_nan.engine.session.session import StepSession  # noqa: E402
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies  # noqa: E402
 from debug_nan.presentation.summary import finding_lines  # noqa: E402
 from debug_nan.settings import RunSettings  # noqa: E402
 
@@ -90,6 +91,18 @@ class Monitor:
         # the optimizer tells when the user's loop stepped (a GradScaler's skipped step never reaches it)
         self._hook = optimizer.register_step_post_hook(self._stepped) if optimizer is not None else None
         self._outside = self._watch_outside()
+        self._autocast: tuple | None = None  # the autocast state of the model's last forward inside step()
+        self._forward_hook = self._hook_forward()
+
+    def _hook_forward(self):
+        """The model's forward pre-hook that reads the autocast state it runs under (a copy of the model holds none
+        of it: module_hooks.keep_out_of_copies)."""
+        keep_out_of_copies(self.model)
+        return self.model.register_forward_pre_hook(ModuleHook(self._forward_state, compiled="eager"))
+
+    def _forward_state(self, *_) -> None:
+        if self.watch.enabled and not self._replaying:
+            self._autocast = autocast_state()
 
     @property
     def steps(self) -> int:
@@ -98,7 +111,10 @@ class Monitor:
 
     # -- the StepDriver methods --------------------------------------------------------------------------------
     def replay_loss(self, batch):
-        return split_loss(self.loss_fn(self.model, batch))
+        """loss_fn again, under the autocast state the model's forward ran under in the run (your autocast region
+        is inside the step() block, which the replay does not run)."""
+        with autocast_as(self._autocast):
+            return split_loss(self.loss_fn(self.model, batch))
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         loss = loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
@@ -176,6 +192,7 @@ class Monitor:
         """Remove the hooks from the model and the optimizer (they are left as they were); the monitor cannot be
         used again until attach()."""
         self._outside.remove()
+        self._forward_hook.remove()
         self.watch.close()
         if self._hook is not None:
             self._hook.remove()
@@ -185,6 +202,7 @@ class Monitor:
     def attach(self) -> None:
         """Register the hooks again after close() (the state the monitor holds is kept)."""
         self.watch.attach()
+        self._forward_hook = self._hook_forward()
         if not self._outside.handles:
             self._outside = self._watch_outside()
         if self._hook is None and self.optimizer is not None:

@@ -7,7 +7,7 @@ import textwrap
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.stats import TensorStats
 from debug_nan.engine.vocabulary import Cause, Phase
-from debug_nan.engine.watch.quiet import quiet_warnings
+from debug_nan.engine.watch.quiet import quiet_warnings, scaler_skips
 
 EXIT_CODES = {"clean": 0, "nonfinite": 1, "error": 1}
 
@@ -98,6 +98,8 @@ def write_summary(log, result, elapsed: float, interrupted_by: str = "Ctrl-C", e
             log(line)
         if len(result.findings) > 1:
             log(f"  ({len(result.findings) - 1} later finding(s) in the JSON report)")
+    if (skips := scaler_skips(result.history)) is not None:
+        log(f"  skipped      {skips}")
     for warning in quiet_warnings(result.history):  # finite, yet not training (or about to overflow)
         for line in _wrap("warning", warning):
             log(line, "yellow")

@@ -32,7 +32,6 @@ from debug_nan.engine.explain.fallback import suggest_trace_at
 from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import schedule_state
-from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.session import StepSession
 from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.history import History
@@ -59,27 +58,11 @@ class RunHistory(History):
 
 
 class RunSession(StepSession):
-    """The session, with the run's history and the fp16 rule of a script whose loss code cannot be run without its
-    scale."""
+    """The session, with the run's history."""
 
     def __init__(self, driver, policies, watch=None):
         super().__init__(driver, policies, watch)
         self.history = RunHistory()
-
-    def is_scaler_overflow(self, o: MicroOutcome) -> bool:
-        """fp16 with a GradScaler, only the gradients non-finite: while the scale is at least 1 this is taken for
-        the scaler's overflow (it skips the step and lowers the scale; no probe without the scale here, which
-        would need the script's loss code); below 1 it is a finding."""
-        if self.scaler is None:
-            return False
-        return o.record.scaler_skipped or self.scaler.get_scale() >= 1.0
-
-    def skip_overflow(self, o: MicroOutcome) -> None:
-        if not o.record.scaler_skipped:
-            self.log(f"  [fp16] non-finite gradients at step {o.inputs.step} under a loss scale of "
-                     f"{self.scaler.get_scale():g}: taken for the GradScaler's overflow (it skips the step and "
-                     f"lowers the scale), not a finding.")
-        o.record.scaler_skipped = True
 
 
 class RunDriver(TapeReplayer, FrameworkDriver):
@@ -112,7 +95,10 @@ class RunDriver(TapeReplayer, FrameworkDriver):
     def _settle(self, decide, last: bool):
         self._stop_live()  # (the trip's decision explains the live trace, if it covers the micro-batch)
         started = time.perf_counter()
+        self.diverged = None
         finding = super()._settle(decide, last)
+        if finding is not None and self.diverged and finding.detected_by == "replay":
+            finding.explanation += f" {self.diverged}"
         if self.stopped and self.answer_seconds is None:
             self.answer_seconds = time.perf_counter() - started
         if self.trace_at is None:

@@ -119,6 +119,8 @@ class Hooks(WatchedOptimizer):
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
                 hooks.scaled, hooks.scaler = weakref.ref(out), scaler
                 hooks.unscaled = outputs.detach()  # (a scaled loss past float32's range by design is no harm)
+                if hooks.recorder.tape is not None:  # (the fp16 probe replays the backward of `outputs` at scale 1)
+                    hooks.recorder.tape.loss_scaled(out, outputs)
             return out
 
         def scaler_update(scaler, *args, **kwargs):

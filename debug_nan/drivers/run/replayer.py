@@ -2,7 +2,10 @@
 driver.py) shares with the driver of `debug-nan replay` for a bundle `run` wrote (ScriptReplayDriver).
 
 A micro-batch is its tape (drivers/run/tape.py) called again, the model called on the captured batch; an update is
-the tape of the code between the last backward and the optimizer step, then the script's own optimizer.
+the tape of the code between the last backward and the optimizer step, then the script's own optimizer. Each
+recorded call runs again under the autocast state it ran under (the tape's); the backward too, and the fp16 probe's
+backward (`scaled=False`) takes the loss a GradScaler scaled, at scale 1. The first replayed output whose dtype is
+not the run's is kept in `diverged` (and logged) for the finding to state.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 
 from debug_nan.drivers.run.tape import MODEL, Tape, call_arguments
 from debug_nan.engine.replay.driver import NotReplayable
+from debug_nan.engine.session.precision import autocast_as
 from debug_nan.frames import replayed_at
 
 
@@ -25,6 +29,8 @@ class TapeReplayer:
     optimizer: torch.optim.Optimizer | None
     _backward: tuple | None = None  # the replayed micro-batch's backward() arguments
     _values: list | None = None  # ... and its tape's values (an update may use them)
+    _tape: Tape | None = None  # ... and its tape
+    diverged: str | None = None  # the first replayed output whose dtype was not the run's, in words
 
     def replay_loss(self, batch, tape: Tape | None = None):
         """The micro-batch's recorded calls again, the model called on `batch` -> (the first tensor the script's
@@ -32,7 +38,9 @@ class TapeReplayer:
         if tape is None:
             raise NotReplayable("no record of the script's code for this micro-batch")
         args, kwargs = call_arguments(batch, tape.first_form)
+        self._tape = tape
         values = self._values = tape.replay(self.model, args, kwargs)
+        self._note_divergence(tape)
         if tape.backward is None:  # the run's micro-batch ended before its backward (it raised, or was given up):
             # the harm to look for is in the model's outputs, as far as the run got
             self._backward = None
@@ -47,10 +55,18 @@ class TapeReplayer:
         return tensors[0], {f"backward() tensor {i}": t for i, t in enumerate(tensors[1:], 2)}
 
     def backward(self, loss, scaled: bool = True) -> None:
+        """The script's backward() again, under its autocast state; scaled=False: of the loss before a GradScaler's
+        scale (the gradients at scale 1)."""
         if self._backward is None:
             raise RaisedHere()
-        args, kwargs = self._backward
-        torch.autograd.backward(*args, **kwargs)
+        args, kwargs = self._backward if scaled else self._tape.backward_args(self._values, scaled=False)
+        with autocast_as(self._tape.backward_autocast):
+            torch.autograd.backward(*args, **kwargs)
+
+    def _note_divergence(self, tape: Tape) -> None:
+        if self.diverged is None and tape.diverged is not None:
+            self.diverged = tape.diverged
+            self.log(f"  [pinpoint] {tape.diverged}", "yellow")
 
     def optimizer_step(self, tape: Tape | None = None) -> None:
         """The script's code between its last backward and the optimizer step (clipping, unscaling), then the
@@ -58,6 +74,7 @@ class TapeReplayer:
         if tape is None:
             raise NotReplayable("no record of the script's code before its optimizer step")
         tape.replay(self.model, (), {}, self._values)  # (a loop with no optimizer: its whole update is here)
+        self._note_divergence(tape)
         if self.optimizer is not None:
             if tape.stepped is not None:  # several optimizers (ensemble.Optimizers): those the run stepped
                 self.optimizer.stepping = tape.stepped

@@ -22,6 +22,13 @@ script's files, prints and logs are not touched again. A tensor argument is one 
   * never another tensor that carries a graph made outside the tape: the tape says why it cannot be replayed, and
     the watch's finding stands.
 Tensors are tracked by identity with weak references: the tape keeps none of the run's activations alive.
+
+Each entry keeps the autocast state it ran under (engine/session/precision.py's autocast_state: enabled device
+types, dtype, cache; nested regions and torch.autocast as a decorator are simply the state in force at the call),
+and the replay re-enters exactly that state around it: the model's forward, the loss code and a custom autograd
+Function (whose torch.amp.custom_fwd / custom_bwd read it) run in the run's precision. Each entry also keeps its
+tensor outputs' dtypes; the first replayed output whose dtype is not the run's is the replay's divergence
+(`Tape.diverged`, in words), which the finding states.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from debug_nan.drivers.run.model_calls import attribute, forward_as, held_by, stashed, stashed_by_hook
 from debug_nan.engine.replay.driver import NotReplayable
+from debug_nan.engine.session.precision import autocast_as, autocast_state, dtype_name
 from debug_nan.frames import replayed_at, user_location
 
 SMALL = 1 << 16  # outside tensors up to this many elements are cloned when first used (targets, masks, scales)
@@ -49,6 +57,8 @@ class Entry:
     location: tuple | None = None  # (filename, lineno) of the user's line that made the call
     member: str | None = None  # a model call where the run has several optimizers: the module's path in the model
     forward: tuple | None = None  # a call whose forward a strategy redirected: (path, "training_step"), Lightning's
+    autocast: tuple | None = None  # the autocast state it ran under (precision.autocast_state; None: not recorded)
+    dtypes: list | None = None  # the dtype of each output of `outputs` (None where not a tensor)
 
 
 class _ModelCall:
@@ -82,6 +92,8 @@ class Tape:
     inputs: list = field(default_factory=list)  # the first model call's tensors: (slot, requires_grad) each
     unreplayable: str | None = None
     owner: nn.Module | None = None  # the bare model: a module attribute holding a tensor is found in it
+    backward_autocast: tuple | None = None  # the autocast state the backward() call ran under
+    scale_slots: tuple | None = None  # (slot of GradScaler.scale()'s output, slot of the loss it scaled)
     _slot_of: dict = field(default_factory=dict)  # id(tensor) -> (slot, weak reference)
     _external_of: dict = field(default_factory=dict)  # id(tensor) -> (index in externals, the tensor)
 
@@ -96,27 +108,40 @@ class Tape:
     def model_call(self, args: tuple, kwargs: dict) -> Entry:
         """A call of the model (its outputs are bound by `returned`); the first one's arguments are the captured
         batch, given at the replay."""
-        return self.arguments(MODEL, args, kwargs) if self.entries or args or kwargs else Entry(MODEL, [], None, [])
+        if self.entries or args or kwargs:
+            return self.arguments(MODEL, args, kwargs)
+        return Entry(MODEL, [], None, [], autocast=autocast_state())
 
     def arguments(self, func, args: tuple, kwargs: dict) -> Entry:
-        """A call's entry, its arguments encoded BEFORE it runs (an in-place op moves its inputs' versions)."""
+        """A call's entry, its arguments encoded BEFORE it runs (an in-place op moves its inputs' versions), with
+        the autocast state in force."""
         leaves, spec = tree_flatten((args, kwargs))
-        return Entry(func, [self._encode(x) for x in leaves], spec, [], None if func is MODEL else user_location(3))
+        return Entry(func, [self._encode(x) for x in leaves], spec, [], None if func is MODEL else user_location(3),
+                     autocast=autocast_state())
 
     def returned(self, entry: Entry, out) -> None:
-        entry.outputs = self._bind(out)
+        entry.outputs, entry.dtypes = self._bind(out)
         self.entries.append(entry)
 
     def close(self, args: tuple, kwargs: dict) -> None:
         """The backward() call that ends the micro-batch: its arguments, encoded like any entry's."""
         leaves, spec = tree_flatten((args, kwargs))
         self.backward = ([self._encode(x) for x in leaves], spec)
+        self.backward_autocast = autocast_state()
 
-    def _bind(self, out) -> list:
-        if isinstance(out, torch.Tensor):
-            return [self._slot(out)]
-        leaves, _ = tree_flatten(out)
-        return [self._slot(t) if isinstance(t, torch.Tensor) else None for t in leaves]
+    def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        """`scaled` is a GradScaler's scale() of `loss`: a replay can back-propagate the loss unscaled instead
+        (the overflow probe: gradients at scale 1)."""
+        a, b = self._slot_of.get(id(scaled)), self._slot_of.get(id(loss))
+        if a is not None and b is not None and a[1]() is scaled and b[1]() is loss:
+            self.scale_slots = (a[0], b[0])
+
+    def _bind(self, out) -> tuple[list, list]:
+        """(the slot of each tensor output, its dtype), None for the outputs that are not tensors."""
+        leaves = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+        tensor = [isinstance(t, torch.Tensor) for t in leaves]
+        return ([self._slot(t) if is_t else None for t, is_t in zip(leaves, tensor)],
+                [t.dtype if is_t else None for t, is_t in zip(leaves, tensor)])
 
     def _slot(self, t: torch.Tensor) -> int:
         known = self._slot_of.get(id(t))
@@ -193,7 +218,8 @@ class Tape:
         return Tape(entries=self.entries, externals=externals, slots=self.slots, backward=self.backward,
                     first_form=self.first_form, step_location=self.step_location, stepped=self.stepped,
                     previous=self.previous.portable() if self.previous is not None else None, inputs=self.inputs,
-                    unreplayable=self.unreplayable)
+                    unreplayable=self.unreplayable, backward_autocast=self.backward_autocast,
+                    scale_slots=self.scale_slots)
 
     def to(self, device: torch.device) -> Tape:
         """A portable tape's outside tensors on `device` (a bundle replayed on another device than the run's)."""
@@ -209,7 +235,7 @@ class Tape:
         NotReplayable where the replay cannot follow the run."""
         if self.unreplayable is not None:
             raise NotReplayable(self.unreplayable)
-        self._previous_values, self._model = previous or [], call_model
+        self._previous_values, self._model, self.diverged = previous or [], call_model, None
         values: list = [None] * self.slots
         given = [t for t in tree_flatten((first_args, first_kwargs))[0] if isinstance(t, torch.Tensor)]
         if len(given) != len(self.inputs):
@@ -225,18 +251,22 @@ class Tape:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
                 called = call_model if entry.member is None else call_model.get_submodule(entry.member)
-                with forward_as(called, entry.forward):
+                with forward_as(called, entry.forward), autocast_as(entry.autocast):
                     out = called(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)
-                with replayed_at(entry.location):
+                with replayed_at(entry.location), autocast_as(entry.autocast):
                     out = entry.func(*args, **kwargs)
             self._fill(entry, out, values)
         return values
 
-    def backward_args(self, values: list) -> tuple[tuple, dict]:
+    def backward_args(self, values: list, scaled: bool = True) -> tuple[tuple, dict]:
+        """The replayed backward() call's arguments; scaled=False: the loss a GradScaler scaled in its place."""
         if self.backward is None:
             raise NotReplayable("the script called no backward() in this micro-batch")
+        if not scaled and self.scale_slots is not None:
+            values = list(values)
+            values[self.scale_slots[0]] = values[self.scale_slots[1]]
         return self._decode(*self.backward, values)
 
     def _fill(self, entry: Entry, out, values: list) -> None:
@@ -247,6 +277,21 @@ class Tape:
         for slot, value in zip(entry.outputs, leaves):
             if slot is not None:
                 values[slot] = value
+        if self.diverged is None and entry.dtypes is not None:
+            for i, (value, dtype) in enumerate(zip(leaves, entry.dtypes)):
+                if dtype is not None and isinstance(value, torch.Tensor) and value.dtype != dtype:
+                    self.diverged = self._divergence(entry, i, value.dtype, dtype)
+                    break
+
+    @staticmethod
+    def _divergence(entry: Entry, index: int, replayed: torch.dtype, ran: torch.dtype) -> str:
+        """The first output whose dtype is not the run's, in words."""
+        name = "the model's forward" if entry.func is MODEL else f"`{getattr(entry.func, '__name__', entry.func)}`"
+        where = f" at {entry.location[0].rsplit('/', 1)[-1]}:{entry.location[1]}" if entry.location else ""
+        which = f"output {index + 1}" if index else "its output"
+        return (f"The replay diverged from the run in precision: {name}{where} gave {which} in "
+                f"{dtype_name(replayed)} where the run's was {dtype_name(ran)} (the autocast state or the dtypes "
+                f"the replay ran in are not the run's), so the op named is the replay's.")
 
     def _decode(self, leaves: list, spec, values: list) -> tuple[tuple, dict]:
         out = []

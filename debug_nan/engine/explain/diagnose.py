@@ -27,6 +27,7 @@ from debug_nan.engine.explain.causes.masking import (
     is_attention,
     softmax_rule,
 )
+from debug_nan.engine.explain.causes.precision import low_precision
 from debug_nan.engine.explain.causes.principles import nan_from_finite_rule
 from debug_nan.engine.explain.causes.reductions import ctc_rule, zero_count_rule
 from debug_nan.engine.explain.causes.wording import (
@@ -66,6 +67,7 @@ def diagnose(event: OpEvent, batch=None) -> tuple[str, str, list[str]]:
     suggestions = suggestions_for(cause, event)
     if cause == Cause.DIV_BY_ZERO and "targets equals ignore_index" in explanation:  # (reductions._nll_rule)
         suggestions = ALL_IGNORED_SUGGESTIONS + [s for s in suggestions if s.startswith("Check for empty groups")]
+    explanation, suggestions = low_precision(event, cause, explanation, suggestions)  # (float16 / bfloat16)
     source = _inf_source(event)
     if cause == Cause.INF_ARITHMETIC and source is not None:  # the fix belongs where the Inf was born
         try:

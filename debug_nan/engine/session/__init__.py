@@ -5,5 +5,6 @@ SessionPolicies: what differs between entry points, built in one place from the 
 ranks' agreement under DDP) ; distributed.py (process-group facts and collectives) ; copies.py (when the state is
 copied) ; output_schedule.py (when module outputs are measured) ; outcome.py (a decision: clean, trip, skipped
 step) ; unreplayed.py (trips the replay cannot name) ; repro.py (what a repro bundle holds) ; precision.py (the
-loss scaler's view of fp16 / bf16).
+CLI's --precision, the autocast state a recorded call ran under and its exact re-entry, the loss scale's overflow
+rule, the run of steps a GradScaler skipped).
 """

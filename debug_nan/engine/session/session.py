@@ -30,7 +30,7 @@ from debug_nan.engine.session.copies import StateCopies, live_state_kept
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.output_schedule import OutputSchedule
 from debug_nan.engine.session.policies import SessionPolicies
-from debug_nan.engine.session.precision import unscaled
+from debug_nan.engine.session.precision import SkipRun, may_overflow, unscaled
 from debug_nan.engine.session.repro import repro_state
 from debug_nan.engine.session.unreplayed import interrupted_pinpoint, unreplayed_finding
 from debug_nan.engine.sharded import has_fsdp
@@ -64,6 +64,7 @@ class StepSession:
                                   adaptive=self.device.type == "cpu", distributed=policies.agreement is not None)
         self.outputs = OutputSchedule(policies.outputs_every, adaptive=self.device.type == "cpu", log=self.log)
         self.record: StepRecord | None = None
+        self.skips = SkipRun()  # the steps the GradScaler skipped one after the other (one log line)
         self.micro = 0
         self.steps = 0
         self._grads_watched = False
@@ -76,6 +77,8 @@ class StepSession:
         """Before an optimizer step's first micro-batch. `step`: its number (1-based; default: the next one)."""
         self.steps = step if step is not None else self.steps + 1
         self._read_update()  # the last update, as this step finds the state
+        if self.record is not None and not self.record.scaler_skipped:
+            self.skips.end(self.log)
         self._trip_target = None
         self.inputs = self.copies.begin(self.steps)  # (the buffers staged as the forward finds them)
         measure = self.outputs.begin()
@@ -175,6 +178,7 @@ class StepSession:
 
     def finish(self) -> Finding | None:
         """After training: the last optimizer step's parameter check (one more sync, agreed under DDP)."""
+        self.skips.end(self.log)
         if self.stopped or self.previous is None:
             return None
         last = self.previous
@@ -195,8 +199,8 @@ class StepSession:
         if o.check is None and o.error is None:
             return self.after_clean(o)
         if o.only_gradients and o.record is not None and self.is_scaler_overflow(o):
-            self.skip_overflow(o)
-            return None
+            return self.skip_overflow(o)
+        self.skips.end(self.log)
         finding = self.pinpoint(o)
         self.save_bundle(finding, o)
         return finding
@@ -211,8 +215,8 @@ class StepSession:
             # the ranks whose own gradients tripped probe them without the loss scale; all agree on the verdict
             plan = agreement.overflow_verdict(plan, o.check is not None and not self.is_scaler_overflow(o))
             if plan is None:
-                self.skip_overflow(o)
-                return None
+                return self.skip_overflow(o)
+        self.skips.end(self.log)
         agreement.announce(plan)
         replays, traces = plan.replays(agreement.ctx.rank)
         outcome = None
@@ -240,7 +244,8 @@ class StepSession:
 
     def is_scaler_overflow(self, o: MicroOutcome) -> bool:
         """fp16: only the gradients went non-finite under the loss scale. An overflow (the step is skipped and the
-        scale lowered) when the same micro-batches give finite gradients without the scale. With --snapshot off
+        scale lowered) when the same micro-batches give finite gradients at scale 1 (the probe: they are replayed
+        without the scale); at a scale of 1 or below it is never one (precision.may_overflow). With --snapshot off
         nothing can be re-run: the trip counts as the scaler's overflow, as GradScaler takes it."""
         if self.scaler is None:
             return False
@@ -248,17 +253,17 @@ class StepSession:
             return True
         if not self.snapshot.kept:
             return True
-        if self.scaler.get_scale() < 1.0:  # a scale below 1 cannot overflow what is finite without it
+        if not may_overflow(self.scaler):
             return False
         self.copies.at(o.inputs)  # mid-step: a copy of the live state
         with live_state_kept(self.model, self.snapshot, self.device, self.scaler):
             return self.pinpointer.finite_without_scaling(o.inputs, o.micro)
 
-    def skip_overflow(self, o: MicroOutcome) -> None:
-        if not o.record.scaler_skipped:
-            self.log(f"  [fp16] gradient scaler overflow at step {o.inputs.step} (finite without the scale): the "
-                     f"step is skipped and the scale lowered (expected).")
-        o.record.scaler_skipped = True
+    def skip_overflow(self, o: MicroOutcome) -> Finding | None:
+        """The step is the GradScaler's to skip (it lowers its scale); a long run of skips is a finding (SkipRun)."""
+        skipped, o.record.scaler_skipped = o.record.scaler_skipped, True
+        finding = None if skipped else self.skips.add(o, self.scaler)
+        return adapt_advice(finding, self.p.dialect) if finding is not None else None
 
     def check_explosion(self, record: StepRecord) -> Finding | None:
         if self.p.explosion is None:
@@ -316,6 +321,7 @@ class StepSession:
     def stop(self, finding: Finding | None) -> Finding | None:
         """Leave the model at its last finite state with no gradients, and watch no more: the start of the failing
         step, or, where that could not be rebuilt (a re-run that did not reproduce the run), the last copy."""
+        self.skips.end(self.log)
         if self.snapshot.kept and self.copies.saved is not None and not self._back_to_start():
             self.snapshot.restore()
             self.log(f"  [snapshot] the model is left at the start of step {self.copies.saved.step} (the last copy): "

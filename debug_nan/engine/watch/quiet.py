@@ -28,7 +28,7 @@ def quiet_warnings(history: History) -> list[str]:
     skipped = [r.step for r in steps if r.scaler_skipped]
     if len(steps) >= 2 and len(skipped) == len(steps):
         out.append(f"the fp16 GradScaler skipped every step ({_steps(skipped)}): the scaled gradients overflowed fp16 "
-                   f"each time, so the model never updated although nothing tripped. Gradients that large for fp16 "
+                   f"each time, so the model never updated. Gradients that large for fp16 "
                    f"(a loss summed instead of averaged, an unnormalised target) need a smaller GradScaler "
                    f"init_scale, a mean loss, or --precision bf16.")
     run: list[int] = []
@@ -52,3 +52,19 @@ def quiet_warnings(history: History) -> list[str]:
     if len(huge) > 3:
         out.append(f"... and {len(huge) - 3} more module outputs above {HUGE_ACTIVATION:.0e}")
     return out
+
+
+def scaler_skips(history: History) -> str | None:
+    """The summary's count of the steps a GradScaler skipped (the loss scale's overflow), or None where none was."""
+    steps = [r for r in history.steps if r.micro_batches]
+    skipped = [r.step for r in steps if r.scaler_skipped]
+    if not skipped:
+        return None
+    runs: list[list[int]] = []
+    for step in skipped:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    where = ", ".join(_steps(run) for run in runs)
+    return f"{len(skipped)} of {len(steps)} step(s) skipped by the GradScaler (steps {where}): the loss scale's overflow"

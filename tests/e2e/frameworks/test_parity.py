@@ -21,6 +21,8 @@ The expected values, from first principles:
   no labelled token: GPT-2's mean loss over 0 tokens is 0/0 in nll_loss, phase eval, step 2, its batch 1.
 - second_optimizer_divides_by_zero: `wpe` under an AdamW of its own with eps 0, the rest under another (only
   `debug-nan run` trains with several optimizers): the same 0/0 as optimizer_divides_by_zero, in step 1's update.
+- bf16_labels_ignored (the mixed-precision row): every_label_ignored trained in bf16 autocast at every entry point
+  (parity.MIXED); the replay runs in the run's precision, and autocast keeps nll_loss in float32: the same 0/0.
 """
 
 import itertools
@@ -65,6 +67,7 @@ EXPECTED = {  # name -> (step, micro_step, phase, cause, module, op)
     "eval_labels_ignored": (2, 1, "eval", "div_by_zero", "", "aten.nll_loss_forward.default"),
     "second_optimizer_divides_by_zero": (1, 1, "optimizer", "nonfinite_parameter", "transformer.wpe",
                                          "aten.addcdiv_.default"),
+    "bf16_labels_ignored": (3, 1, "forward", "div_by_zero", "", "aten.nll_loss_forward.default"),
 }
 # where a framework computes another thing than the plain loop, module / op are not compared (step, micro-batch,
 # phase and cause still are)
@@ -75,6 +78,8 @@ DIFFERS = {
     ("run-hf", "every_label_ignored"): ("", "aten.div.Tensor"),
     ("hf", "eval_labels_ignored"): ("", "aten.div.Tensor"),  # (its evaluation loop passes the count too)
     ("run-hf", "eval_labels_ignored"): ("", "aten.div.Tensor"),
+    ("hf", "bf16_labels_ignored"): ("", "aten.div.Tensor"),
+    ("run-hf", "bf16_labels_ignored"): ("", "aten.div.Tensor"),
 }
 ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")  # and `debug-nan run` of a script using each (DRIVERS)
 
@@ -82,9 +87,10 @@ ENTRY_POINTS = ("cli", "monitor", "lightning", "hf")  # and `debug-nan run` of a
 def via_cli(name, run_cli, tmp_path):
     steps, accumulate = parity.BUGS.get(name, (3, 1))
     evaluation = ("--eval-every", str(parity.EVAL_AFTER)) if parity.held_out(name) else ()
+    precision = ("--precision", "bf16") if name in parity.MIXED else ()
     run = run_cli("--task", f"{parity.__file__}:{name}", "--max-steps", str(steps), "--device", "cpu",
-                  "--gradient-accumulation-steps", str(accumulate), *evaluation)
-    assert run.code == (0 if name == "healthy" else 1), run.output
+                  "--gradient-accumulation-steps", str(accumulate), *evaluation, *precision)
+    assert run.code == (0 if name.endswith("healthy") else 1), run.output
     return run.report["first_nonfinite"]
 
 
@@ -100,7 +106,8 @@ def via_monitor(name, run_cli, tmp_path):
                 for _ in range(accumulate):
                     batch = next(stream)
                     with monitor.step(batch) as watched:
-                        loss = parity.lm_loss(model, batch)
+                        with parity.autocast(name):
+                            loss = parity.lm_loss(model, batch)
                         watched.watch_loss(loss)
                         (loss / accumulate).backward()
                 optimizer.step()
@@ -123,6 +130,7 @@ def via_lightning(name, run_cli, tmp_path):
     callback = LightningCallback()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         precision="bf16-mixed" if name in parity.MIXED else "32-true",
                          enable_model_summary=False, callbacks=[callback], num_sanity_val_steps=0,
                          val_check_interval=parity.EVAL_AFTER * accumulate if held_out else None)
     trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None),
@@ -150,7 +158,7 @@ def via_hf(name, run_cli, tmp_path):
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=parity.BATCH,
         gradient_accumulation_steps=accumulate, max_steps=steps, max_grad_norm=0.0, report_to=[],
         save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, train_sampling_strategy="sequential",
-        logging_steps=1000, **evaluation)
+        logging_steps=1000, bf16=name in parity.MIXED, **evaluation)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=parity.samples(batches),
                                    optimizers=(optimizer, constant),
                                    eval_dataset=parity.samples(held_out) if held_out else None)
@@ -171,7 +179,7 @@ def via_run(framework):
         script = str(Path(parity.__file__).with_name("parity_script.py"))
         result = CliRunner().invoke(main, ["run", "--report", str(report), "--", "python", script, framework, name,
                                            str(tmp_path / "out")], catch_exceptions=False)
-        assert result.exit_code == (0 if name == "healthy" else 1), result.output
+        assert result.exit_code == (0 if name.endswith("healthy") else 1), result.output
         return json.loads(report.read_text())["first_nonfinite"]
 
     return run
@@ -198,7 +206,8 @@ DRIVERS = {"cli": via_cli, "monitor": via_monitor, "lightning": via_lightning, "
            "run": via_run("plain"), "run-lightning": via_run("lightning"), "run-hf": via_run("hf"),
            "run-fsdp2": via_fsdp2}
 # `debug-nan run` of a Lightning / HF script costs two framework start-ups per case: the bugs the run issue names
-RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight", "eval_labels_ignored")
+RUN_FRAMEWORK_BUGS = ("explosion_by_lr", "every_label_ignored", "overflow_by_scaled_weight", "eval_labels_ignored",
+                      "bf16_labels_ignored")
 # FSDP2 under torchrun: one torchrun run (about 10 s on 2 cores), of a bug whose finding sharding keeps (not an
 # optimizer-phase one: the update over DTensors is not traced yet, docs/torchrun.md)
 FSDP2_BUGS = ("every_label_ignored",)
@@ -209,9 +218,10 @@ CASES = [(name, entry) for name in EXPECTED if name not in parity.TWO_OPTIMIZER_
     (name, "run-fsdp2") for name in FSDP2_BUGS]
 
 
+@pytest.mark.parametrize("name", ("healthy", "bf16_healthy"))
 @pytest.mark.parametrize("entry", (*ENTRY_POINTS, "run"))
-def test_healthy_control_is_clean_everywhere(entry, run_cli, tmp_path):
-    assert DRIVERS[entry]("healthy", run_cli, tmp_path) is None
+def test_healthy_control_is_clean_everywhere(entry, name, run_cli, tmp_path):
+    assert DRIVERS[entry](name, run_cli, tmp_path) is None
 
 
 @pytest.mark.parametrize("name, entry", CASES)

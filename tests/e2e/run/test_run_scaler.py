@@ -1,5 +1,6 @@
-"""`debug-nan run` on an fp16 loop with a GradScaler (CPU autocast): its overflow steps are skipped as usual, not
-findings; a NaN loss after them is."""
+"""`debug-nan run` on an fp16 loop with a GradScaler (CPU autocast): its overflow steps are probed (their backward
+replayed at scale 1), skipped as usual and told in one line per run of them, not findings; a NaN loss after them
+is."""
 
 from tests.support.run.script_runs import same_as_alone, write
 
@@ -26,7 +27,8 @@ def test_scaler_overflow_steps_are_skipped_and_the_nan_after_them_is_found(tmp_p
     done, stdout, stderr = run_here("python", "scaler.py")
     assert done.code == 1, done.output
     assert stdout.split() == [str(2.0 ** k) for k in range(39, 34, -1)]  # halved 5 times: 5 skipped steps
-    assert stderr.count("taken for the GradScaler's overflow") == 5
+    assert stderr.count("skipped by the GradScaler:") == 1
+    assert "steps 1-5 skipped by the GradScaler: scale 1.1e12 -> 3.4e10" in stderr
     assert [h["scaler_skipped"] for h in done.report["history"]] == [True] * 5 + [False]
     first = done.first
     assert (first["step"], first["micro_step"], first["phase"], first["module"], first["op"], first["cause"]) == (
@@ -68,7 +70,10 @@ def test_a_scale_too_high_for_float32_is_the_scalers_business_not_a_finding(tmp_
     assert done.report["status"] == "clean" and done.report["steps_run"] == 8
     assert [h["scaler_skipped"] for h in done.report["history"]] == [True, True, True, False, True, False, False,
                                                                       False]
-    assert stderr.count("taken for the GradScaler's overflow") == 4 and stdout.count("\n") == 8
+    assert stderr.count("skipped by the GradScaler:") == 2 and stdout.count("\n") == 8
+    assert "steps 1-3 skipped by the GradScaler: scale 1.7e38 -> 2.1e37" in stderr
+    assert "step 5 skipped by the GradScaler: scale 2.1e37 -> 1.1e37" in stderr
+    assert "4 of 8 step(s) skipped by the GradScaler (steps 1..3, 5)" in stderr
 
 
 def test_a_nan_loss_once_the_scale_came_down_is_found(tmp_path, run_here):

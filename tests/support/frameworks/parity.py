@@ -25,7 +25,12 @@ BUGS = {
     "overflow_at_micro_2_of_2": (3, 2),
     "eval_labels_ignored": (3, 1),
     "second_optimizer_divides_by_zero": (3, 1),
+    "bf16_labels_ignored": (4, 1),
 }
+# the mixed-precision row: a bug trained in bf16 autocast at every entry point (--precision bf16, the Monitor's loop
+# in torch.autocast, precision="bf16-mixed", TrainingArguments(bf16=True), the script's torch.autocast) -> the
+# planted bug it trains, as build() plants it
+MIXED = {"bf16_labels_ignored": "every_label_ignored", "bf16_healthy": "healthy"}
 EVAL_AFTER = 2  # the held-out pass runs after this step (every entry point that evaluates)
 TWO_OPTIMIZER_BUGS = ("second_optimizer_divides_by_zero",)  # only `debug-nan run` trains with several optimizers
 
@@ -66,8 +71,14 @@ def adamw(lr=LR, eps=1e-8):
     return lambda params: torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=0.0)
 
 
+def autocast(name):
+    """The autocast region a planted bug trains in: bf16 on the CPU for the mixed-precision row, else none."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=name in MIXED)
+
+
 def build(name):
     """(model, batches, optimizer factory) of a planted bug."""
+    name = MIXED.get(name, name)
     model, batches, optimizer = gpt2(), token_batches(), adamw()
     if name == "healthy":  # the control: nothing planted, must stay clean everywhere
         pass
@@ -161,5 +172,5 @@ def _task(name):
     return make
 
 
-for _name in [*BUGS, "healthy"]:
+for _name in [*BUGS, "healthy", "bf16_healthy"]:
     globals()[_name] = _task(_name)

@@ -48,7 +48,8 @@ elif framework == "plain":
     stream = itertools.cycle(batches)
     for step in range(1, steps + 1):
         for _ in range(accumulate):
-            loss = parity.lm_loss(model, next(stream))
+            with parity.autocast(bug):
+                loss = parity.lm_loss(model, next(stream))
             (loss / accumulate).backward()
         for optimizer in optimizers:
             optimizer.step()
@@ -64,6 +65,7 @@ elif framework == "lightning":
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
+                         precision="bf16-mixed" if bug in parity.MIXED else "32-true",
                          val_check_interval=parity.EVAL_AFTER * accumulate if held_out else None)
     trainer.fit(parity.lightning_module(model, make_optimizer), DataLoader(batches, batch_size=None),
                 DataLoader(held_out, batch_size=None) if held_out else None)
@@ -79,7 +81,7 @@ else:
     args = transformers.TrainingArguments(
         output_dir=out, per_device_train_batch_size=parity.BATCH, gradient_accumulation_steps=accumulate,
         max_steps=steps, max_grad_norm=0.0, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-        seed=0, train_sampling_strategy="sequential", logging_steps=1000, **evaluation)
+        seed=0, train_sampling_strategy="sequential", logging_steps=1000, bf16=bug in parity.MIXED, **evaluation)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, constant),
                                    eval_dataset=parity.samples(held_out) if held_out else None)
     trainer.train()
