@@ -41,6 +41,8 @@ def finding_lines(f: Finding) -> list[str]:
                        + (f" (in backward node {f.backward_node})" if f.backward_node else ""))
     if f.source:
         lines += _wrap("source", f.source + (f"   {f.source_line}" if f.source_line else ""))
+    if f.inside:  # the installed library's line where the op itself ran, under the user's line above
+        lines += _wrap("inside", f.inside + (f"   {f.inside_line}" if f.inside_line else ""))
     lines += _wrap("cause", f.cause)
     lines += _wrap("evidence", f.explanation)
     for name, stats in f.inputs.items():

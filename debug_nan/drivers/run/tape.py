@@ -96,12 +96,13 @@ class Tape:
     def model_call(self, args: tuple, kwargs: dict) -> Entry:
         """A call of the model (its outputs are bound by `returned`); the first one's arguments are the captured
         batch, given at the replay."""
-        return self.arguments(MODEL, args, kwargs) if self.entries or args or kwargs else Entry(MODEL, [], None, [])
+        return (self.arguments(MODEL, args, kwargs) if self.entries or args or kwargs
+                else Entry(MODEL, [], None, [], user_location(2)))
 
     def arguments(self, func, args: tuple, kwargs: dict) -> Entry:
         """A call's entry, its arguments encoded BEFORE it runs (an in-place op moves its inputs' versions)."""
         leaves, spec = tree_flatten((args, kwargs))
-        return Entry(func, [self._encode(x) for x in leaves], spec, [], None if func is MODEL else user_location(3))
+        return Entry(func, [self._encode(x) for x in leaves], spec, [], user_location(3))
 
     def returned(self, entry: Entry, out) -> None:
         entry.outputs = self._bind(out)
@@ -225,7 +226,7 @@ class Tape:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
                 called = call_model if entry.member is None else call_model.get_submodule(entry.member)
-                with forward_as(called, entry.forward):
+                with forward_as(called, entry.forward), replayed_at(entry.location):  # (the script's model call)
                     out = called(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)

@@ -46,6 +46,9 @@ class Finding:
     first_ranks: list[int] | None = None  # every rank that saw it in the earliest phase
     rank_origins: dict[str, str] | None = None  # under torchrun, when several ranks replayed: what each one found
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
+    # where the op itself ran inside an installed library (torch.nn, transformers), beside `source` (the user's line)
+    inside: str | None = None  # "torch/nn/functional.py:2987"
+    inside_line: str | None = None  # "return torch.layer_norm("
 
     def __post_init__(self):
         # one declared vocabulary (engine/vocabulary.py): an undeclared code is a ValueError here, and the finding

@@ -48,6 +48,10 @@ class OpEvent:
     # torch.where hid that -inf from the loss): the same singular point, met first in the forward
     forward_origin: "OpEvent | None" = None
     note: str | None = None
+    # the installed library's line where the op itself ran, beside `source` (torch/nn/functional.py:2987 under the
+    # user's line that called the nn.LayerNorm), and its code; None when the user's own code called the op
+    inside: str | None = None
+    inside_line: str | None = None
 
 
 # ops whose output is uninitialised memory (it may hold an old NaN) or that overwrite their destination whole:

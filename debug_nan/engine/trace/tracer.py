@@ -48,10 +48,10 @@ from debug_nan.engine.trace.events import (
     tensor_args,
 )
 from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, ModuleContext, custom_backward_line
-from debug_nan.engine.trace.module_context import forward_source_of
+from debug_nan.engine.trace.module_context import forward_inside_of, forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import C10D_CODE, FSDP_CODE, called_from, user_frame
+from debug_nan.frames import C10D_CODE, FSDP_CODE, called_from, op_frames, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
@@ -328,13 +328,16 @@ class Tracer(TorchDispatchMode):
 
     def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate) -> OpEvent:
         phase, module, node = self._context()
-        source, code = user_frame()
+        shown, inside = op_frames()
+        source, code = shown or (None, None)
         forward_source = None
         saved = {}
         forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
-            source, code = custom_backward_line(node) or (forward_source, None)
+            custom = custom_backward_line(node)
+            source, code = custom or (forward_source, None)
+            inside = None if custom else forward_inside_of(node)
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
@@ -347,4 +350,5 @@ class Tracer(TorchDispatchMode):
             outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
             scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node,
             args=args, kwargs=kwargs, saved=saved, seq=self.ops_seen, deliberate=deliberate,
-            module_class=module_class, forward_origin=forward_origin))
+            module_class=module_class, forward_origin=forward_origin,
+            inside=inside[0] if inside else None, inside_line=inside[1] if inside else None))
