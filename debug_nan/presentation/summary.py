@@ -57,6 +57,8 @@ def finding_lines(f: Finding) -> list[str]:
         how = "; the op-level replay found the origin above" if f.detected_by == "replay" else \
             f" (detected by the {f.detected_by})"
         lines += _wrap("watch saw", f"{f.watch}{how}")
+    for note in f.notes:
+        lines += _wrap("note", note)
     if f.bundle:
         lines += _wrap("repro", f"debug-nan replay {f.bundle}")
     lines.append("  try:")

@@ -29,6 +29,8 @@ class ReplayFacts:
     loss_value: float | None = None  # the replayed loss (a scalar one), beside the watch's reading of the run's
     grads_nonfinite: set[str] | None = None  # the parameters whose replayed gradient held NaN/Inf
     consequence: OpEvent | None = None  # the later birth the origin led to through finite values (tracer.consequence)
+    # buffers the replay wrote non-finite that nothing harmed read (Lineage.unharmed_writers): (name, writer)
+    unharmed_buffers: list = field(default_factory=list)
 
 
 def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
@@ -59,6 +61,26 @@ def consequence_words(later: OpEvent) -> str:
             f"again (e.g. 1/sqrt(inf) = 0 in a norm), and from those values {later.op} "
             f"({later.phase}{node}){where} made the {later.kind.upper()} that did; that later birth is a "
             f"consequence of this one, the earliest in the harmed value's lineage.")
+
+
+def unharmed_buffer_note(name: str, writer: OpEvent, step: int) -> str:
+    """A buffer that went non-finite in the replayed step although nothing harmed in it read the buffer: not the
+    origin, but the next eval (or a checkpoint) will read it."""
+    held = dict(writer.outputs).get(name.rsplit(".", 1)[-1])
+    what = "NaN" if held is not None and bool(held.isnan().any()) else "Inf"
+    where = ", ".join(p for p in (f"module `{writer.module}`" + (f" ({writer.module_type})" if writer.module_type
+                                                                   else "") if writer.module else "",
+                                  writer.source or "") if p)
+    reader = ("(model.eval() normalises with the running statistics)" if "running_" in name else
+              "(or any forward that reads the buffer)")
+    try:
+        _, why, _ = diagnose(writer)
+    except Exception:  # noqa: BLE001 - the note stands without the writer's evidence
+        why = ""
+    return (f"buffer `{name}` went {what} in step {step} too, written by {writer.op or writer.label}"
+            f"{f' ({where})' if where else ''}{f': {why}' if why else ''} Nothing the loss, a gradient or a "
+            f"parameter of this step read descends from it, so it is not the origin; but it will harm the next eval "
+            f"{reader} and any checkpoint saved from now on holds it.")
 
 
 def _word(value: float) -> str:
@@ -133,6 +155,8 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
         inputs=stats_dict(event.inputs), outputs=stats_dict(event.outputs),
         watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
         exception=describe_exception(error) if error is not None else None,
+        notes=[unharmed_buffer_note(name, writer, step) for name, writer in facts.unharmed_buffers
+               if writer is not event],
     )
 
 

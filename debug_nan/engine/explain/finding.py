@@ -49,6 +49,7 @@ class Finding:
     # where the op itself ran inside an installed library (torch.nn, transformers), beside `source` (the user's line)
     inside: str | None = None  # "torch/nn/functional.py:2987"
     inside_line: str | None = None  # "return torch.layer_norm("
+    notes: list[str] = field(default_factory=list)  # what the replay saw besides the origin (a buffer nothing read)
 
     def __post_init__(self):
         # one declared vocabulary (engine/vocabulary.py): an undeclared code is a ValueError here, and the finding

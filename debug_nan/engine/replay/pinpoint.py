@@ -124,6 +124,9 @@ class Pinpointer:
                     exc = e
                 origin = tracer.origin_of(harmed)
                 self.facts.consequence = tracer.consequence
+                if origin is not None:
+                    self.facts.unharmed_buffers = tracer.lineage.unharmed_writers(
+                        [(n, local(b)) for n, b in d.model.named_buffers()])
                 self.facts.nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it

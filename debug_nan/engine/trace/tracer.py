@@ -221,8 +221,10 @@ class Tracer(TorchDispatchMode):
                 for sub_args, sub_kwargs in calls:
                     self.__torch_dispatch__(func, types, sub_args, sub_kwargs)
                 return None
+        written_names: list[str] = []
         if info.mutable:  # an in-place op overwrites its input: judge the inputs as they were before it ran
             tensors, _ = named_tensors(func, args, kwargs)
+            written_names = [n for n, t in tensors if base_arg_name(n) in info.written]
             written = [t for n, t in tensors if base_arg_name(n) in info.written]
             self.lineage.protect(written)
             dests = {id(t) for t in written}
@@ -232,21 +234,33 @@ class Tracer(TorchDispatchMode):
         out = func(*args, **kwargs)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {id(t) for t in outs}
-        outs += [t for t in written if id(t) not in seen]
+        returned = len(outs)
+        extra = [(n, t) for n, t in zip(written_names, written) if id(t) not in seen]
+        outs += [t for _, t in extra]
+        # an output's name: out / out[i] for what the op returned, the argument's for one it only wrote (running_var)
+        out_names = [f"out[{i}]" if returned > 1 else "out" for i in range(returned)] + [n for n, _ in extra]
         pending = None if self.phase_override else self.context.remember(outs, written)
         bad = [t for t in outs if has_nonfinite(t)]
+        inputs = descent = None
+        if bad and written and len(bad) < len(outs):
+            # what the inputs descended from BEFORE the op: a buffer it writes non-finite (BatchNorm's running_var
+            # at lr 1e30) gets this op's own lineage in _judge, which its finite results (the normalised output)
+            # were not computed from
+            inputs = [t for _, t, _ in before]
+            descent = self.lineage.ancestry(inputs)
         if bad:
-            event = self._judge(func, args, kwargs, outs, bad, written, before)
+            event = self._judge(func, args, kwargs, outs, bad, written, before, out_names)
             if pending is not None:
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
         if self.lineage.real and len(bad) < len(outs):  # finite results of non-finite or descended values
-            inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
-            self.lineage.descend(inputs, outs, bad, written)
+            if inputs is None:
+                inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
+            self.lineage.descend(inputs, outs, bad, written, descent)
         return out
 
-    def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
+    def _judge(self, func, args, kwargs, outs, bad, written, before, out_names) -> OpEvent | None:
         """A non-finite output: is this op an origin (-> its OpEvent), and which origins does each non-finite
         output carry?"""
         tensors, scalars = named_tensors(func, args, kwargs)
@@ -272,7 +286,7 @@ class Tracer(TorchDispatchMode):
             clones = {id(t): c for _, t, c in before if c is not t} if before is not None else {}
             swap = lambda v: clones.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
             event = self._record(func, "nan" if nan_birth else "inf", list(zip(names, values)), outs, scalars,
-                                 tree_map(swap, args), tree_map(swap, kwargs), deliberate)
+                                 tree_map(swap, args), tree_map(swap, kwargs), deliberate, out_names)
             if nan_birth:
                 event.inf_sources = sorted((self.origins[i] for i in inf_src), key=lambda e: (e.seq, e.id))
             event.ancestors = self.lineage.ancestors(originals)
@@ -326,7 +340,7 @@ class Tracer(TorchDispatchMode):
             seq=self.ops_seen, label=label, module_class=module_class,
             deliberate=not nan and kind != "parameter" and state not in self.poisoned))
 
-    def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate) -> OpEvent:
+    def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate, out_names) -> OpEvent:
         phase, module, node = self._context()
         shown, inside = op_frames()
         source, code = shown or (None, None)
@@ -347,7 +361,7 @@ class Tracer(TorchDispatchMode):
             module_type=module_type if phase != Phase.LOSS else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
-            outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
+            outputs=[(n, t.detach()) for n, t in zip(out_names, outs)],
             scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node,
             args=args, kwargs=kwargs, saved=saved, seq=self.ops_seen, deliberate=deliberate,
             module_class=module_class, forward_origin=forward_origin,
