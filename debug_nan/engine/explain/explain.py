@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from debug_nan.engine.explain.advice import AdviceContext, rank_advice
 from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
 from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
@@ -101,6 +102,7 @@ class Trace:
     error: BaseException | None = None  # what user code raised, in the run or in the replay
     facts: ReplayFacts = field(default_factory=ReplayFacts)
     reached: list[str] | None = None  # an optimizer-phase origin: the parameters and states its values reached
+    advice: AdviceContext | None = None  # what the run shows besides the op, to rank the advice by (advice.py)
 
     def to_dict(self) -> dict:
         """The trace as data: where, the origin op, what the watch saw (tensors left out)."""
@@ -146,6 +148,10 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
         suggestions = replaced or suggestions
         module = param.rsplit(".", 1)[0] if param and "." in param else ""
         kind_of_module = module_type(model, module) if param else ""
+    else:
+        replaced = None
+    if not replaced:  # (the optimizer's own evidence, a NaN lr or schedule, names its fix itself)
+        suggestions = rank_advice(cause, event.phase, suggestions, trace.advice, raw, model, event, step)
     return Finding(
         step=step, micro_step=micro, phase=event.phase, module=module, module_type=kind_of_module,
         op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from debug_nan.engine.explain.advice import AdviceContext
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
 from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
@@ -40,6 +41,7 @@ from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
+from debug_nan.engine.watch.clipping import clipping_seen
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
 
@@ -322,7 +324,7 @@ class Pinpointer:
         elif origin.phase == Phase.DATA:
             finding = data_finding(step, index, raw, Check(CheckKind.DATA, origin.label, float(origin.kind)))
         else:
-            finding = self.event_finding(step, index, origin, raw, check, error)
+            finding = self.event_finding(step, index, origin, raw, check, error, after=True)
         return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
 
     def _not_replayable(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
@@ -354,7 +356,11 @@ class Pinpointer:
         return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model, why=why)
 
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
-                      error: BaseException | None, reached: list[str] | None = None) -> Finding:
-        """The replay's Trace of `event`, explained (engine/explain/explain.py)."""
-        trace = Trace(step, micro, event, raw, check, error, self.facts, reached)
-        return explain(trace, self.driver.model, self.driver.optimizer)
+                      error: BaseException | None, reached: list[str] | None = None, after: bool = False) -> Finding:
+        """The replay's Trace of `event`, explained (engine/explain/explain.py). `after`: the micro-batch ran after
+        step `step`'s update (the eval pass), not within it."""
+        d = self.driver
+        advice = AdviceContext(updates=step - d.first_step - (0 if after else 1), checkpoint=d.checkpoint,
+                               clipping=clipping_seen())
+        trace = Trace(step, micro, event, raw, check, error, self.facts, reached, advice)
+        return explain(trace, d.model, d.optimizer)
