@@ -44,6 +44,8 @@ def finding_lines(f: Finding) -> list[str]:
     if f.inside:  # the installed library's line where the op itself ran, under the user's line above
         lines += _wrap("inside", f.inside + (f"   {f.inside_line}" if f.inside_line else ""))
     lines += _wrap("cause", f.cause)
+    if f.reproducible is False:
+        lines += _wrap("reproducible", "no: two replays of the run's own state and batch stayed finite")
     lines += _wrap("evidence", f.explanation)
     for name, stats in f.inputs.items():
         lines += _wrap(f"in {name}"[:12], TensorStats(**stats).line())

@@ -4,6 +4,7 @@ findings that need no op-level replay (a non-finite batch, a trip the replay cou
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -49,6 +50,8 @@ class Finding:
     # where the op itself ran inside an installed library (torch.nn, transformers), beside `source` (the user's line)
     inside: str | None = None  # "torch/nn/functional.py:2987"
     inside_line: str | None = None  # "return torch.layer_norm("
+    # False: two replays of the run's own state and batch stayed finite (a transient fault, outside them)
+    reproducible: bool | None = None
     notes: list[str] = field(default_factory=list)  # what the replay saw besides the origin (a buffer nothing read)
 
     def __post_init__(self):
@@ -60,6 +63,20 @@ class Finding:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def machine(driver) -> str:
+    """"rank 1 on host gpu-07, device cuda:0 (NVIDIA H100 80GB HBM3)": where a transient fault happened."""
+    device = getattr(driver, "device", None)
+    name = ""
+    if isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available():
+        name = f" ({torch.cuda.get_device_name(device)})"
+    dist = getattr(driver, "dist", None)
+    rank = getattr(dist, "rank", None)
+    if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+    return (f"rank {rank if rank is not None else 0} on host {socket.gethostname()}, device "
+            f"{device if device is not None else 'cpu'}{name}")
 
 
 def module_type(model: nn.Module, path: str) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from debug_nan.engine.explain.advice import AdviceContext
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
-from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
+from debug_nan.engine.explain.finding import STAYED_FINITE, Finding, data_finding, machine, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
 from debug_nan.engine.replay.buffer_writers import BufferWriters, Written
 from debug_nan.engine.replay.driver import (
@@ -38,7 +38,7 @@ from debug_nan.engine.replay.start_state import is_start_state, start_state_find
 from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.sharded import has_fsdp, local
 from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
-from debug_nan.engine.trace.events import has_nonfinite
+from debug_nan.engine.trace.events import bitwise_equal, has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.clipping import clipping_seen
@@ -53,6 +53,7 @@ class Pinpointer:
         self.facts = ReplayFacts()  # what the last replay saw besides its origin (engine/explain/explain.py)
         self.live: LiveTrace | None = None  # a micro-batch traced as it ran (`run --trace-at`), to explain at its trip
         self.sharded = has_fsdp(driver.model)  # FSDP: every replay runs the backward (its collectives) on every rank
+        self.finite_values: list[torch.Tensor] = []  # the last replay's harmed values, when they stayed finite
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -125,6 +126,9 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
+                if origin is None and exc is None:  # (finite: kept to tell a transient fault, see pinpoint)
+                    self.finite_values = [t.detach().clone() for t in [read, *harmed]
+                                          if isinstance(t, torch.Tensor)]
                 self.facts.consequence = tracer.consequence
                 if origin is not None:
                     self.facts.unharmed_buffers = tracer.lineage.unharmed_writers(
@@ -254,6 +258,10 @@ class Pinpointer:
         error = error or replay_exc
         log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s); the earliest "
             f"in the lineage of the harmed value is the finding.")
+        transient = None
+        if event is None and error is None and not optimizer and check is not None and not self.sharded \
+                and (live is None or not live.covers(inputs.step, micro, optimizer)):
+            tracer, event, transient = self._replay_again(inputs, micro)
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
@@ -266,6 +274,8 @@ class Pinpointer:
                        f"before step {inputs.step + 1} began, by code outside the optimizer step (an EMA, a weight "
                        f"clamp or renormalisation, a callback or hook), which no replay runs. Look at what the loop "
                        f"does to the weights between optimizer.step() and the next forward.")
+            if transient is not None:
+                return self._transient_finding(inputs, micro, raw, check, transient)
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model, why)
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
@@ -281,6 +291,44 @@ class Pinpointer:
             named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
             reached = tracer.reached(event, named)
         return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
+
+    def _replay_again(self, inputs: StepInputs, micro: int) -> tuple[object, OpEvent | None, bool | None]:
+        """The replay of the same state and batch stayed finite where the run did not: replay once more ->
+        (tracer, origin, whether the two replays' loss and gradients agree bit for bit; None when this one
+        found the origin: the first replay missed it, so the kernels are not deterministic here)."""
+        first, self.finite_values = self.finite_values, []
+        self.driver.log(f"  [pinpoint] the replay stayed finite where the run did not: replaying step {inputs.step} "
+                        f"micro-batch {micro} once more, from the same state and batch...")
+        tracer, event, exc, _ = self.replay(inputs, micro)
+        if event is not None or exc is not None:
+            return tracer, event, None
+        second, self.finite_values = self.finite_values, []
+        same = len(first) == len(second) and all(bitwise_equal(a, b) for a, b in zip(first, second))
+        return tracer, None, same
+
+    def _transient_finding(self, inputs: StepInputs, micro: int, raw, check: Check, same: bool) -> Finding:
+        """Two replays of the run's own state and batch stayed finite: the value is not reproducible from them."""
+        d = self.driver
+        where = machine(d)
+        if same:
+            why = (f"{STAYED_FINITE} where the run did not, in two replays from the run's own state and batch that "
+                   f"agree bit for bit (the loss and every gradient): the NaN/Inf is not reproducible from the "
+                   f"model's state and the batch. Its cause is outside them: script state the replay did not see "
+                   f"(a global, a random draw outside torch's generators, saved-tensor hooks or code outside torch's "
+                   f"function hooks under `debug-nan run`), a kernel that computed otherwise in the run, or the "
+                   f"device itself, a transient fault ({where}).")
+        else:
+            why = (f"{STAYED_FINITE} where the run did not, and two replays from the run's own state and batch "
+                   f"computed different values: the kernels are not deterministic on this input ({where}), so "
+                   f"the NaN/Inf is not reproducible from the model's state and the batch.")
+        finding = watch_only_finding(inputs.step, micro, raw, check, d.model, why)
+        finding.reproducible = False
+        finding.suggestions.insert(0, f"Replay the repro bundle on another device or host (`debug-nan replay "
+                                      f"BUNDLE --device ...`, the repro line above): a finding there names the op "
+                                      f"and this device computed otherwise; a clean replay there too points at the "
+                                      f"script's own state. (Follows from the two replays, which "
+                                      f"{'agree bit for bit' if same else 'differ'}.)")
+        return finding
 
     def pinpoint_eval(self, step: int, index: int, raw, rng: dict, evaluate, check: Check | None,
                       error: BaseException | None, where: str | None = None) -> Finding:

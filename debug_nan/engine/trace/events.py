@@ -196,6 +196,14 @@ def nonfinite_flags(tensors: list[torch.Tensor]) -> list[tuple[bool, bool]]:
     return out
 
 
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same dtype, shape and bytes (-0.0 and 0.0 differ, as two kernels' results may)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.detach().contiguous().view(-1).view(torch.uint8),
+                       b.detach().contiguous().view(-1).view(torch.uint8)) if a.numel() else True
+
+
 def saved_tensors(node) -> dict[str, torch.Tensor]:
     """The forward tensors an autograd node saved, read while it runs (they are freed after backward)."""
     out = {}
