@@ -43,8 +43,8 @@ class AdviceContext:
 
 
 def extreme_batch_value(batch, indices: list[int] | None = None) -> str | None:
-    """"key `x` holds 3e+38 at row 2 (dataset index 881)" ("tensor holds ..." for a bare tensor) for the batch's largest finite |value| beyond EXTREME,
-    else None."""
+    """"key `x` holds 3e+38 at row 2 (dataset index 881)" ("tensor holds ..." for a bare tensor) for the batch's
+    largest finite |value| beyond EXTREME, else None."""
     best = None
     for key, t in flat_tensors(batch):
         if not t.is_floating_point() or not t.numel():

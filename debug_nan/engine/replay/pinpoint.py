@@ -9,7 +9,8 @@ the `StepDriver` seam, so the CLI's Trainer and the API's Monitor share this one
 State: a buffer the watch saw turn non-finite without harm is traced at once (trace_buffer_writers) and its
 writer becomes the finding if later harm meets the buffer (buffer_writers.py); a non-finite state met in the run's
 first step is the checkpoint's or the task's (start_state.py); an optimizer-phase origin is told with the step's
-own param_groups (optimizer_evidence.py).
+own param_groups (optimizer_evidence.py); a replay that fell short (not replayable, out of memory) or stayed finite
+(replayed once more: transient or not) is told by fell_short.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from debug_nan.engine.explain.advice import AdviceContext
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
-from debug_nan.engine.explain.finding import STAYED_FINITE, Finding, data_finding, machine, watch_only_finding
+from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
 from debug_nan.engine.replay.buffer_writers import BufferWriters, Written
 from debug_nan.engine.replay.driver import (
@@ -35,10 +36,16 @@ from debug_nan.engine.replay.driver import (
 from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
+from debug_nan.engine.replay.fell_short import (
+    not_replayable_finding,
+    out_of_memory_finding,
+    replay_again,
+    transient_finding,
+)
 from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.sharded import has_fsdp, local
 from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
-from debug_nan.engine.trace.events import bitwise_equal, has_nonfinite
+from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.clipping import clipping_seen
@@ -250,18 +257,18 @@ class Pinpointer:
                     f"op-level tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
                 tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
         except NotReplayable as why:
-            return self._not_replayable(inputs, micro, check, error, why)
+            return not_replayable_finding(self.driver, inputs, micro, check, error, why)
         except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
             if not is_out_of_memory(exc):
                 raise
-            return self._out_of_memory(inputs, micro, check, error, exc)
+            return out_of_memory_finding(self.driver, inputs, micro, check, error, exc)
         error = error or replay_exc
         log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s); the earliest "
             f"in the lineage of the harmed value is the finding.")
         transient = None
         if event is None and error is None and not optimizer and check is not None and not self.sharded \
                 and (live is None or not live.covers(inputs.step, micro, optimizer)):
-            tracer, event, transient = self._replay_again(inputs, micro)
+            tracer, event, transient = replay_again(self, inputs, micro)
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
@@ -275,7 +282,7 @@ class Pinpointer:
                        f"clamp or renormalisation, a callback or hook), which no replay runs. Look at what the loop "
                        f"does to the weights between optimizer.step() and the next forward.")
             if transient is not None:
-                return self._transient_finding(inputs, micro, raw, check, transient)
+                return transient_finding(self.driver, inputs.step, micro, raw, check, transient)
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model, why)
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
@@ -291,44 +298,6 @@ class Pinpointer:
             named = dict(param_and_state_tensors(self.driver.model.named_parameters(), self.driver.optimizer))
             reached = tracer.reached(event, named)
         return self.event_finding(inputs.step, micro, event, raw, check, error, reached)
-
-    def _replay_again(self, inputs: StepInputs, micro: int) -> tuple[object, OpEvent | None, bool | None]:
-        """The replay of the same state and batch stayed finite where the run did not: replay once more ->
-        (tracer, origin, whether the two replays' loss and gradients agree bit for bit; None when this one
-        found the origin: the first replay missed it, so the kernels are not deterministic here)."""
-        first, self.finite_values = self.finite_values, []
-        self.driver.log(f"  [pinpoint] the replay stayed finite where the run did not: replaying step {inputs.step} "
-                        f"micro-batch {micro} once more, from the same state and batch...")
-        tracer, event, exc, _ = self.replay(inputs, micro)
-        if event is not None or exc is not None:
-            return tracer, event, None
-        second, self.finite_values = self.finite_values, []
-        same = len(first) == len(second) and all(bitwise_equal(a, b) for a, b in zip(first, second))
-        return tracer, None, same
-
-    def _transient_finding(self, inputs: StepInputs, micro: int, raw, check: Check, same: bool) -> Finding:
-        """Two replays of the run's own state and batch stayed finite: the value is not reproducible from them."""
-        d = self.driver
-        where = machine(d)
-        if same:
-            why = (f"{STAYED_FINITE} where the run did not, in two replays from the run's own state and batch that "
-                   f"agree bit for bit (the loss and every gradient): the NaN/Inf is not reproducible from the "
-                   f"model's state and the batch. Its cause is outside them: script state the replay did not see "
-                   f"(a global, a random draw outside torch's generators, saved-tensor hooks or code outside torch's "
-                   f"function hooks under `debug-nan run`), a kernel that computed otherwise in the run, or the "
-                   f"device itself, a transient fault ({where}).")
-        else:
-            why = (f"{STAYED_FINITE} where the run did not, and two replays from the run's own state and batch "
-                   f"computed different values: the kernels are not deterministic on this input ({where}), so "
-                   f"the NaN/Inf is not reproducible from the model's state and the batch.")
-        finding = watch_only_finding(inputs.step, micro, raw, check, d.model, why)
-        finding.reproducible = False
-        finding.suggestions.insert(0, f"Replay the repro bundle on another device or host (`debug-nan replay "
-                                      f"BUNDLE --device ...`, the repro line above): a finding there names the op "
-                                      f"and this device computed otherwise; a clean replay there too points at the "
-                                      f"script's own state. (Follows from the two replays, which "
-                                      f"{'agree bit for bit' if same else 'differ'}.)")
-        return finding
 
     def pinpoint_eval(self, step: int, index: int, raw, rng: dict, evaluate, check: Check | None,
                       error: BaseException | None, where: str | None = None) -> Finding:
@@ -374,34 +343,6 @@ class Pinpointer:
         else:
             finding = self.event_finding(step, index, origin, raw, check, error, after=True)
         return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
-
-    def _not_replayable(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                        why: NotReplayable) -> Finding:
-        """The driver could not replay the micro-batch exactly: the watch's finding stands, with the reason."""
-        what = f"the micro-batch could not be replayed in place: {why}."
-        return self._watch_finding(inputs, micro, check, error, what, f"{what} So the op is not named.")
-
-    def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                       exc: BaseException) -> Finding:
-        """The replay (which keeps more alive than the run: the tracer's evidence, anomaly mode's tracebacks)
-        ran out of memory: the watch's finding stands, without the op."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        what = f"the op-level replay ran out of memory ({describe_exception(exc)}), so the op is not named."
-        return self._watch_finding(inputs, micro, check, error, what,
-                                   f"{what} To name it, replay the repro bundle on a machine with more memory "
-                                   f"(debug-nan replay BUNDLE --device ...), or lower the batch size.")
-
-    def _watch_finding(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                       what: str, why: str) -> Finding:
-        """The replay stopped short (`what`): the state goes back to the step's start and the watch's finding stands
-        (`why` in its explanation); an exception with no check behind it stays the script's failure."""
-        inputs.snapshot.restore()  # (drops the replay's gradients and activations before going on)
-        self.driver.log(f"  [pinpoint] {what[0].upper()}{what[1:]}", "yellow")
-        if check is None:
-            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}; {what} "
-                              f"Whether a NaN/Inf came before the exception is unknown.")
-        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model, why=why)
 
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
                       error: BaseException | None, reached: list[str] | None = None, after: bool = False) -> Finding:

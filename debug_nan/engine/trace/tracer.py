@@ -221,10 +221,8 @@ class Tracer(TorchDispatchMode):
                 for sub_args, sub_kwargs in calls:
                     self.__torch_dispatch__(func, types, sub_args, sub_kwargs)
                 return None
-        written_names: list[str] = []
         if info.mutable:  # an in-place op overwrites its input: judge the inputs as they were before it ran
             tensors, _ = named_tensors(func, args, kwargs)
-            written_names = [n for n, t in tensors if base_arg_name(n) in info.written]
             written = [t for n, t in tensors if base_arg_name(n) in info.written]
             self.lineage.protect(written)
             dests = {id(t) for t in written}
@@ -235,35 +233,29 @@ class Tracer(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {id(t) for t in outs}
         returned = len(outs)
-        extra = [(n, t) for n, t in zip(written_names, written) if id(t) not in seen]
-        outs += [t for _, t in extra]
-        # an output's name: out / out[i] for what the op returned, the argument's for one it only wrote (running_var)
-        out_names = [f"out[{i}]" if returned > 1 else "out" for i in range(returned)] + [n for n, _ in extra]
+        outs += [t for t in written if id(t) not in seen]
         pending = None if self.phase_override else self.context.remember(outs, written)
         bad = [t for t in outs if has_nonfinite(t)]
-        inputs = descent = None
-        if bad and written and len(bad) < len(outs):
-            # what the inputs descended from BEFORE the op: a buffer it writes non-finite (BatchNorm's running_var
-            # at lr 1e30) gets this op's own lineage in _judge, which its finite results (the normalised output)
-            # were not computed from
-            inputs = [t for _, t, _ in before]
-            descent = self.lineage.ancestry(inputs)
+        # an op that writes a buffer non-finite (BatchNorm's running_var) gives it its own lineage in _judge: its
+        # finite results descend from what its inputs descended from BEFORE it
+        descent = self.lineage.ancestry([t for _, t, _ in before]) if bad and written and len(bad) < len(outs) else None
         if bad:
-            event = self._judge(func, args, kwargs, outs, bad, written, before, out_names)
+            event = self._judge(func, args, kwargs, outs, bad, written, before, returned)
             if pending is not None:
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
         if self.lineage.real and len(bad) < len(outs):  # finite results of non-finite or descended values
-            if inputs is None:
-                inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
+            inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
             self.lineage.descend(inputs, outs, bad, written, descent)
         return out
 
-    def _judge(self, func, args, kwargs, outs, bad, written, before, out_names) -> OpEvent | None:
+    def _judge(self, func, args, kwargs, outs, bad, written, before, returned) -> OpEvent | None:
         """A non-finite output: is this op an origin (-> its OpEvent), and which origins does each non-finite
-        output carry?"""
+        output carry? (`outs`: the `returned` results, then the arguments the op only wrote, named as such.)"""
         tensors, scalars = named_tensors(func, args, kwargs)
+        out_names = [f"out[{i}]" if returned > 1 else "out" for i in range(returned)] + [
+            next((n for n, a in tensors if a is t), "out") for t in outs[returned:]]
         if before is not None:
             names, originals, values = [n for n, _, _ in before], [t for _, t, _ in before], [c for _, _, c in before]
         else:
