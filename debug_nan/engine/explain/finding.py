@@ -14,6 +14,7 @@ from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
+from debug_nan.engine.watch.sampled import dataset_indices
 from debug_nan.engine.watch.watch import Check
 
 
@@ -116,7 +117,14 @@ def data_finding(step: int, micro: int, raw, check: Check) -> Finding:
     where = bad.nonzero()[:6].tolist()
     rows = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero().squeeze(1) if tensor.dim() else None
     owners = f"; rows belong to {describe_rows(rows, tensor.shape[0], raw)}" if rows is not None else ""
-    explanation = (f"The batch itself is non-finite before the model sees it: key `{check.name}` "
+    indices = dataset_indices(raw) if rows is not None and sample_ids(raw) is None else None
+    if indices is not None and len(indices) == tensor.shape[0]:  # (the DataLoader's sampler named the records)
+        shown = [indices[r] for r in rows.tolist()[:8]]
+        owners = (f"; row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows.tolist()[:8]))} of the batch "
+                  f"{'are' if len(rows) > 1 else 'is'} dataset index {', '.join(map(str, shown))}"
+                  f"{' ...' if len(rows) > 8 else ''} (the DataLoader's sampler)")
+    key = f"key `{check.name}`" if check.name else "the batch tensor"
+    explanation = (f"The batch itself is non-finite before the model sees it: {key} "
                    f"{list(tensor.shape)} holds {n_nan} NaN and {n_inf} Inf of {tensor.numel()} values, at "
                    f"positions {where}{' ...' if bad.sum() > 6 else ''}{owners}.")
     return Finding(step=step, micro_step=micro, phase=Phase.DATA, module="", module_type="", op=None,

@@ -49,6 +49,7 @@ from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
 from debug_nan.engine.watch.clipping import clipping_seen
+from debug_nan.engine.watch.sampled import dataset_indices
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
 
@@ -350,6 +351,6 @@ class Pinpointer:
         step `step`'s update (the eval pass), not within it."""
         d = self.driver
         advice = AdviceContext(updates=step - d.first_step - (0 if after else 1), checkpoint=d.checkpoint,
-                               clipping=clipping_seen())
+                               clipping=clipping_seen(), dataset_indices=dataset_indices(raw))
         trace = Trace(step, micro, event, raw, check, error, self.facts, reached, advice)
         return explain(trace, d.model, d.optimizer)

@@ -145,7 +145,7 @@ from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 features = torch.randn(64, 8)
 features[21, 3] = 3e38
-loader = DataLoader(TensorDataset(features, torch.randn(64, 1)), batch_size=8)
+loader = DataLoader(TensorDataset(features, torch.randn(64, 1)), batch_size=8, shuffle=True)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step, (x, y) in enumerate(loader, 1):
@@ -158,12 +158,54 @@ for step, (x, y) in enumerate(loader, 1):
 
 
 def test_a_batch_with_an_extreme_value_puts_the_data_first(tmp_path, run_here):
+    """The record is named by the DataLoader's sampler (shuffled: its row in the batch is not its index)."""
     first, _, _ = tripped(run_here, tmp_path, DATA, "data.py")
-    assert first["step"] == 3
     head = first["suggestions"][0]
-    assert head.startswith("Check the data first: the batch's ") and "holds 3e+38 at row 5" in head
-    assert head.endswith("(Follows from the batch's statistics.)")
+    assert head.startswith("Check the data first: the batch's tensor holds 3e+38 at row ")
+    assert "(dataset index 21)" in head and head.endswith("(Follows from the batch's statistics.)")
     assert not any("learning rate" in s for s in first["suggestions"])
+
+
+# a shuffled DataLoader over a data set whose record 21 holds a NaN; the model keeps an EMA copy of its layer that no
+# optimizer holds
+NAN_DATA = """import copy
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.ema = copy.deepcopy(self.body).requires_grad_(False)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+torch.manual_seed(0)
+features = torch.randn(64, 8)
+features[21, 3] = float("nan")
+loader = DataLoader(TensorDataset(features, torch.randn(64, 1)), batch_size=8, shuffle=True)
+model = Net()
+optimizer = torch.optim.SGD(model.body.parameters(), lr=0.01)
+for x, y in loader:
+    loss = (model(x) - y).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_non_finite_batch_names_the_dataset_index_and_an_ema_copy_is_counted_apart(tmp_path, run_here):
+    first, _, stderr = tripped(run_here, tmp_path, NAN_DATA, "nan_data.py")
+    assert (first["phase"], first["cause"]) == ("data", "nonfinite_input")
+    assert "the batch tensor [8, 8] holds 1 NaN and 0 Inf of 64 values" in first["explanation"]
+    assert "of the batch is dataset index 21 (the DataLoader's sampler)" in first["explanation"]
+    assert "watching Net (161 parameters the optimizer holds, and 161 more in `ema` that no optimizer trains)" in (
+        " ".join(line.strip() for line in stderr.splitlines()))
 
 
 # Adam at a huge learning rate, with the script's own clipping: clipping is no advice here
