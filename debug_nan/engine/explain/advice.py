@@ -21,6 +21,7 @@ from torch import nn
 
 from debug_nan.engine.stats import flat_tensors
 from debug_nan.engine.vocabulary import Cause, Phase
+from debug_nan.engine.watch.clipping import clipping_seen
 
 # |x| past which a value's square overflows float32 (a variance, a norm, a product with a weight of size 1)
 EXTREME = math.sqrt(torch.finfo(torch.float32).max)
@@ -38,8 +39,17 @@ class AdviceContext:
 
     updates: int  # optimizer updates this run made before the harmed micro-batch (0: none yet)
     checkpoint: str | None = None  # where the driver loaded the run's state from, where it did
-    clipping: str | None = None  # engine/watch/clipping.clipping_seen()
+    clipping: str | None = None  # how the run clips (clipping_of), None where it does not
     dataset_indices: list[int] | None = None  # the micro-batch's dataset indices (its sampler's), where known
+
+
+def clipping_of(driver) -> str | None:
+    """How the run clips its gradients: the clip_grad_norm_/clip_grad_value_ calls `debug-nan run` saw, else the
+    driver's own setting (the CLI's --max-grad-norm, the HF Trainer's max_grad_norm, Lightning's
+    gradient_clip_val, the Monitor's max_grad_norm), else None."""
+    seen = clipping_seen()
+    norm = getattr(getattr(driver, "s", None), "max_grad_norm", None) or getattr(driver, "max_grad_norm", None)
+    return seen or (f"its clipping at max norm {norm:g}" if isinstance(norm, (int, float)) and norm else None)
 
 
 def extreme_batch_value(batch, indices: list[int] | None = None) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from debug_nan.engine.explain.advice import AdviceContext
+from debug_nan.engine.explain.advice import AdviceContext, clipping_of
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
 from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
@@ -48,7 +48,6 @@ from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
-from debug_nan.engine.watch.clipping import clipping_seen
 from debug_nan.engine.watch.sampled import dataset_indices
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
@@ -351,6 +350,6 @@ class Pinpointer:
         step `step`'s update (the eval pass), not within it."""
         d = self.driver
         advice = AdviceContext(updates=step - d.first_step - (0 if after else 1), checkpoint=d.checkpoint,
-                               clipping=clipping_seen(), dataset_indices=dataset_indices(raw))
+                               clipping=clipping_of(d), dataset_indices=dataset_indices(raw))
         trace = Trace(step, micro, event, raw, check, error, self.facts, reached, advice)
         return explain(trace, d.model, d.optimizer)

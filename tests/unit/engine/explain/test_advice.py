@@ -54,3 +54,19 @@ def test_a_masked_row_keeps_the_masks_advice_first_and_no_context_changes_nothin
         "(Follows from the cause: the op met a row the mask excluded.)")
     base = list(SUGGESTIONS[Cause.OVERFLOW])
     assert rank_advice(Cause.OVERFLOW, "forward", base, None) == base
+
+
+def test_the_runs_clipping_is_seen_from_its_calls_or_the_drivers_setting():
+    from types import SimpleNamespace
+
+    from debug_nan.engine.explain.advice import clipping_of
+    from debug_nan.engine.watch.clipping import clip_watching, forget_clipping
+
+    forget_clipping()
+    assert clipping_of(SimpleNamespace(s=SimpleNamespace(max_grad_norm=None))) is None
+    assert clipping_of(SimpleNamespace(s=SimpleNamespace(max_grad_norm=1.0))) == "its clipping at max norm 1"
+    layer = nn.Linear(2, 2)
+    layer(torch.ones(1, 2)).sum().backward()
+    norm = clip_watching(torch.nn.utils.clip_grad_norm_, "max_norm")(layer.parameters(), 0.5)
+    assert float(norm) > 0 and clipping_of(None) == "torch.nn.utils.clip_grad_norm_ (max_norm 0.5)"
+    forget_clipping()
