@@ -39,7 +39,6 @@ TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "util
                                                                   "overrides.py", "autograd", "_compile.py"))
 
 
-
 def _install_roots() -> tuple[str, ...]:
     """The folders installed code lives in: the interpreter's sysconfig paths (the standard library, purelib,
     platlib), site's package folders (the base interpreter's too: a virtual environment may chain to them)."""
