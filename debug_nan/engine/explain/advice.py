@@ -8,7 +8,7 @@ whether learning-rate advice belongs at all, is decided here from the run:
     parameter named with its magnitude; no learning rate can be the cause, so no such advice;
   * later, an overflow or a non-finite parameter: the weights grew by the updates: the learning rate, warmup,
     Adam's epsilon; clipping only where the run does not clip already (engine/watch/clipping.py).
-Each ranked line ends with the evidence it follows from.
+Each line this module puts first ends with the evidence it follows from.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
     """The suggestions in the order the evidence gives them, the first one saying what it follows from."""
     if ctx is None:
         return suggestions
-    if cause in MASK_CAUSES:
-        return _tagged(suggestions, "the cause: the op met a row the mask excluded")
+    if cause in MASK_CAUSES:  # (the cause's own advice is the mask's, and the evidence above says which rows)
+        return suggestions
     extreme = extreme_batch_value(batch, ctx.dataset_indices) if batch is not None else None
     if extreme is not None and phase not in (Phase.OPTIMIZER,):
         first = (f"Check the data first: the batch's {extreme}, beyond what float32 can square ({EXTREME:.3g}); "
@@ -136,9 +136,3 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
 def _mentions(text: str, words) -> bool:
     low = text.lower()
     return any(w.lower() in low for w in words)
-
-
-def _tagged(suggestions: list[str], evidence: str) -> list[str]:
-    if not suggestions:
-        return suggestions
-    return [f"{suggestions[0]} (Follows from {evidence}.)"] + suggestions[1:]
