@@ -2,10 +2,11 @@
 index (record 881), not the batch row (#0).
 
 `debug-nan run` wraps torch's DataLoader iterator (`sampling(iterator class)`): each index list the sampler hands
-out is queued on its iterator, and each batch the iterator yields is kept with its list, the last KEPT of them.
-At a finding, `dataset_indices(batch)` returns the list of the kept batch that holds one of the finding's batch
-tensors, the same values of the same shape (a batch the script moved to the device or took one key of is still
-found; one it changed is not, and then no index is claimed). Map-style datasets only (an IterableDataset has no
+out is queued on its iterator, and each batch the iterator yields is remembered with its list (the shape, dtype and
+first values of its tensors), the last KEPT of them. At a finding, `dataset_indices(batch)` returns the list of the
+remembered batch that holds one of the finding's batch tensors, the same first values of the same shape (a batch
+the script moved to the device or took one key of is still found; one it changed is not, and then no index is
+claimed). Map-style datasets only (an IterableDataset has no
 indices), loaders that yield in order (`in_order=False` pairs lists and batches otherwise).
 """
 
@@ -19,8 +20,9 @@ import torch
 from debug_nan.engine.stats import flat_tensors
 
 KEPT = 8
+PRINT = 4096  # values of each batch tensor kept to find it again (the whole of a small batch)
 _QUEUE = "_debug_nan_indices"
-_yielded: deque = deque(maxlen=KEPT)  # (dataset indices, the batch's tensors)
+_yielded: deque = deque(maxlen=KEPT)  # (dataset indices, _print of each of the batch's tensors)
 
 
 def forget_batches() -> None:
@@ -48,7 +50,7 @@ def sampling(owner) -> dict:
             index = queue.popleft()
             indices = [index] if isinstance(index, int) else list(index) if isinstance(index, (list, tuple)) else []
             if indices and all(isinstance(i, int) for i in indices):
-                _yielded.append((indices, [t for _, t in flat_tensors(batch)]))
+                _yielded.append((indices, [_print(t) for _, t in flat_tensors(batch) if t.numel()]))
         return batch
 
     @functools.wraps(reset)
@@ -65,15 +67,21 @@ def _in_order_map_style(it) -> bool:
     return getattr(it, "_dataset_kind", None) == _DatasetKind.Map and getattr(it, "_in_order", True)
 
 
+def _print(t: torch.Tensor) -> tuple:
+    """(shape, dtype, its first PRINT values as a CPU copy): enough to find the batch again, and no reference to
+    it (a kept image batch would hold its memory)."""
+    return t.shape, t.dtype, t.detach().reshape(-1)[:PRINT].to("cpu", copy=True)
+
+
 def dataset_indices(batch) -> list[int] | None:
-    """The dataset indices of the kept batch that holds one of `batch`'s tensors (same shape and values), newest
-    first; None when none does."""
+    """The dataset indices of the kept batch that holds one of `batch`'s tensors (same shape, dtype and first
+    values), newest first; None when none does."""
     wanted = [t for _, t in flat_tensors(batch) if t.numel()]
-    for indices, tensors in reversed(_yielded):
+    for indices, prints in reversed(_yielded):
         for t in wanted:
-            for kept in tensors:
-                if kept.shape == t.shape and kept.dtype == t.dtype and len(indices) == (t.shape[0] if t.dim() else 1) \
-                        and _same(kept, t.detach().to(kept.device)):
+            for shape, dtype, head in prints:
+                if shape == t.shape and dtype == t.dtype and len(indices) == (t.shape[0] if t.dim() else 1) \
+                        and _same(head, t.detach().reshape(-1)[:PRINT].cpu()):
                     return indices
     return None
 
