@@ -151,7 +151,8 @@ def float64_outputs(event: OpEvent) -> list[torch.Tensor] | None:
     def up(v):
         if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
             if id(v) not in copies:
-                copies[id(v)] = v.detach().to(torch.complex128 if v.is_complex() else torch.float64)
+                # (a copy even of a float64 tensor: an in-place op recomputed must not write the evidence)
+                copies[id(v)] = v.detach().to(torch.complex128 if v.is_complex() else torch.float64, copy=True)
             return copies[id(v)]
         return v
     args, kwargs = tree_map(up, event.args), tree_map(up, event.kwargs)
@@ -161,12 +162,12 @@ def float64_outputs(event: OpEvent) -> list[torch.Tensor] | None:
     except Exception:  # noqa: BLE001 - a courtesy only: some ops refuse float64 or mixed dtypes
         return None
     outs = [t for t in tree_flatten(ref)[0] if isinstance(t, torch.Tensor)]
-    seen = {id(t) for t in outs}
-    names = [a.name for a in event.func._schema.arguments]
     tensors, _ = named_tensors(event.func, args, kwargs)
     written = op_info(event.func).written
-    return outs + [t for n, t in tensors if base_arg_name(n) in written and id(t) not in seen
-                   and not seen.add(id(t))] if names else outs
+    for name, t in tensors:  # (in the tracer's order: each written argument the op did not return, once)
+        if base_arg_name(name) in written and all(t is not o for o in outs):
+            outs.append(t)
+    return outs
 
 
 def float64(event: OpEvent) -> torch.Tensor | None:
