@@ -7,6 +7,12 @@ A frame is one of
   * "torch": a torch library frame worth showing when no user frame exists (torch/optim/adam.py);
   * "plumbing": torch's wrappers and dispatch, never the line to show.
 The layout is read from the installed package's directory, so it holds wherever debug_nan is installed.
+
+A "user" or "torch" frame may also be INSTALLED (is_installed): a file of an installed package (site-packages,
+dist-packages, the interpreter's sysconfig paths), of the standard library, or of torch. The line shown for an op
+(pick_frames) is the innermost user frame that is not installed, the user's own code; where the op itself ran
+inside an installed library (torch.nn, timm, transformers), that library's innermost line is shown beside it
+(`inside`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 import importlib.util
 import linecache
 import os
+import site
 import sys
+import sysconfig
 import traceback
 from contextlib import contextmanager
 
@@ -29,6 +37,36 @@ BUILTIN_USER_CODE = (os.path.join(PACKAGE_DIR, "aam", ""),)
 TRACER_CODE = os.path.join(PACKAGE_DIR, "engine", "trace", "")  # the frames on top when the tracer asks
 TORCH_PLUMBING = tuple(os.path.join(TORCH_DIR, sub) for sub in ("_dynamo", "utils", "_ops.py", "_tensor.py",
                                                                   "overrides.py", "autograd", "_compile.py"))
+
+
+def _install_roots() -> tuple[str, ...]:
+    """The folders installed code lives in: the interpreter's sysconfig paths (the standard library, purelib,
+    platlib), site's package folders (the base interpreter's too: a virtual environment may chain to them)."""
+    roots = set()
+    for scheme_paths in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                                                             "platbase": sys.base_exec_prefix})):
+        roots |= {scheme_paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    except AttributeError:  # (an embedded interpreter's reduced `site`)
+        pass
+    return tuple(sorted(os.path.join(os.path.abspath(r), "") for r in roots if r))
+
+
+INSTALL_ROOTS = _install_roots()
+# a package folder of any environment (a virtual environment chained to another one's site-packages by a .pth)
+INSTALLED_SEGMENTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
+def is_installed(filename: str) -> bool:
+    """Is the file installed code (a package, the standard library, torch), not the user's own? Judged by where
+    it lives, never by a list of names. debug_nan's built-in pipeline (aam/) plays the user's part wherever it is
+    installed."""
+    if filename.startswith(BUILTIN_USER_CODE):
+        return False
+    if filename.startswith((TORCH_DIR + os.sep, "<frozen")) or any(s in filename for s in INSTALLED_SEGMENTS):
+        return True
+    return filename.startswith(INSTALL_ROOTS)
 
 
 # FSDP's own code: it re-allocates its all-gather buffers by resizing their storage (garbage until written)
@@ -72,12 +110,16 @@ def short_path(path: str) -> str:
     return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
 
 
-def pick_frame(files_innermost_first) -> int | None:
-    """Index of the frame to show among (filename) given innermost first: the innermost user frame; else the
-    innermost torch library frame. The tracer's own frames on top of the stack are skipped; any other tool frame
-    is the driver that called the op (a replay calling recorded code: on some torch versions with no torch frame in
-    between), and the search ends there, never reaching whoever called debug-nan."""
-    fallback = None
+def pick_frames(files_innermost_first) -> tuple[int | None, int | None, bool]:
+    """(index of the frame to show, index of the library frame beside it or None, whether the first is the user's
+    own) among file names given innermost first. The frame shown is the innermost user frame that is not
+    installed (is_installed); the one beside it, the innermost installed frame inside it (a library outside torch
+    first: timm's norm.py over the torch.nn.functional line it calls; else torch's innermost line). With no user
+    frame of its own, the innermost installed frame is shown (torch/optim/adam.py), alone. The tracer's own frames
+    on top of the stack are skipped; any other tool frame is the driver that called the op (a replay calling
+    recorded code: on some torch versions with no torch frame in between), and the search ends there, never
+    reaching whoever called debug-nan."""
+    library = in_torch = None
     outside = False
     for i, filename in enumerate(files_innermost_first):
         kind = frame_kind(filename)
@@ -86,11 +128,20 @@ def pick_frame(files_innermost_first) -> int | None:
                 break
             continue
         outside = True
-        if kind == "user":
-            return i
-        if kind == "torch" and fallback is None:
-            fallback = i
-    return fallback
+        if kind == "plumbing":
+            continue
+        if kind == "user" and not is_installed(filename):
+            return i, library if library is not None else in_torch, True
+        if kind == "user" and library is None:
+            library = i
+        elif kind == "torch" and in_torch is None:
+            in_torch = i
+    return (library if library is not None else in_torch), None, False
+
+
+def pick_frame(files_innermost_first) -> int | None:
+    """Index of the frame to show (pick_frames), else None."""
+    return pick_frames(files_innermost_first)[0]
 
 
 _replayed_at: tuple[str, int] | None = None  # see replayed_at
@@ -123,23 +174,36 @@ def user_location(depth: int = 1) -> tuple[str, int] | None:
     return None
 
 
-def user_frame(depth: int = 1) -> tuple[str | None, str | None]:
-    """("file.py:57", code) of the running code's frame to show (see pick_frame), else (None, None). Where the
-    stack holds no user frame and a replay is calling recorded user code, the line that made the call in the run."""
+def _line(filename: str, lineno: int) -> tuple[str, str | None]:
+    return f"{short_path(filename)}:{lineno}", linecache.getline(filename, lineno).strip() or None
+
+
+def op_frames(depth: int = 1) -> tuple[tuple[str, str | None] | None, tuple[str, str | None] | None]:
+    """(("file.py:57", code) of the running code's frame to show, ("lib/file.py:89", code) of the installed
+    library's line beside it) (see pick_frames), each None where there is none. Where the stack holds no user
+    frame of its own and a replay is calling recorded user code (replayed_at), the line that made the call in the
+    run is shown, and the stack's library frame beside it."""
     frames = []
     frame = sys._getframe(depth)
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
-    i = pick_frame(f.f_code.co_filename for f in frames)
-    if _replayed_at is not None and (i is None or frame_kind(frames[i].f_code.co_filename) != "user"):
-        filename, lineno = _replayed_at
+    i, j, own = pick_frames(f.f_code.co_filename for f in frames)
+    if _replayed_at is not None and not own:
+        j = i  # (the stack's library line is where the op ran inside the recorded call)
+        shown = _line(*_replayed_at)
     elif i is None:
         return None, None
     else:
-        filename, lineno = frames[i].f_code.co_filename, frames[i].f_lineno
-    code = linecache.getline(filename, lineno).strip() or None
-    return f"{short_path(filename)}:{lineno}", code
+        shown = _line(frames[i].f_code.co_filename, frames[i].f_lineno)
+    beside = _line(frames[j].f_code.co_filename, frames[j].f_lineno) if j is not None else None
+    return shown, (beside if beside is None or beside[0] != shown[0] else None)
+
+
+def user_frame(depth: int = 1) -> tuple[str | None, str | None]:
+    """("file.py:57", code) of the running code's frame to show (op_frames), else (None, None)."""
+    shown, _ = op_frames(depth + 1)
+    return shown if shown is not None else (None, None)
 
 
 def user_frame_inside(code) -> tuple[str, str | None] | None:
@@ -157,19 +221,45 @@ def user_frame_inside(code) -> tuple[str, str | None] | None:
     return None
 
 
-def source_from_stack_lines(lines: list[str]) -> str | None:
-    """"file.py:57" from a formatted stack (traceback.format_stack, outermost first, as anomaly mode stores it
-    for each autograd node): the innermost user frame, or None."""
+def _stack_entries(lines: list[str]) -> list[tuple[str, int, str | None]]:
+    """(filename, lineno, code) of each entry of a formatted stack, innermost first."""
+    out = []
     for entry in reversed(lines or []):
-        head = entry.strip().splitlines()[0] if entry.strip() else ""  # 'File "x.py", line 57, in forward'
+        rows = entry.strip("\n").splitlines()
+        head = rows[0].strip() if rows else ""  # 'File "x.py", line 57, in forward'
         try:
             filename = head.split('"')[1]
             lineno = int(head.split("line ")[1].split(",")[0])
         except (IndexError, ValueError):
             continue
-        if frame_kind(filename) == "user":
-            return f"{short_path(filename)}:{lineno}"
-    return None
+        out.append((filename, lineno, rows[1].strip() if len(rows) > 1 and rows[1].strip() else None))
+    return out
+
+
+def frames_from_stack_lines(lines: list[str]) -> tuple[str | None, tuple[str, str | None] | None]:
+    """("file.py:57" of the innermost user frame of the user's own code, or None; ("lib/file.py:89", code) of the
+    installed library's line inside it, or None) from a formatted stack (traceback.format_stack, outermost
+    first, as anomaly mode stores it for each autograd node)."""
+    entries = _stack_entries(lines)
+    i, j, own = pick_frames(f for f, _, _ in entries)
+    if not own:
+        return None, None
+    beside = None if j is None else (f"{short_path(entries[j][0])}:{entries[j][1]}", entries[j][2])
+    return f"{short_path(entries[i][0])}:{entries[i][1]}", beside
+
+
+def library_from_stack_lines(lines: list[str]) -> tuple[str, str | None] | None:
+    """("lib/file.py:89", code) of the innermost installed frame of a formatted stack that holds no user frame of
+    its own (a recorded call replayed by the tool), else None."""
+    entries = _stack_entries(lines)
+    i, _, own = pick_frames(f for f, _, _ in entries)
+    return None if own or i is None else (f"{short_path(entries[i][0])}:{entries[i][1]}", entries[i][2])
+
+
+def source_from_stack_lines(lines: list[str]) -> str | None:
+    """"file.py:57" from a formatted stack (outermost first): the innermost frame of the user's own code, or
+    None."""
+    return frames_from_stack_lines(lines)[0]
 
 
 def user_frame_of_traceback(summaries) -> object | None:

@@ -20,7 +20,7 @@ from debug_nan.app import run_paths as paths
 from debug_nan.app.script_errors import blame, raised_by_us
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
-from debug_nan.drivers.run.ensemble import Models, Optimizers
+from debug_nan.drivers.run.ensemble import Models, Optimizers, parameter_count
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
@@ -81,20 +81,20 @@ class RunListener:
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
                                 bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
                                 trace_at=self.options.trace_at, command=self.options.command)
-        count = sum(p.numel() for p in model.parameters())
+        count = parameter_count(model, optimizer)  # (the optimizers' parameters; an EMA copy named apart)
         if isinstance(optimizer, Optimizers):
             optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
             named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
-            self.log(f"[debug-nan] watching {named} ({count:,} parameters) and "
+            self.log(f"[debug-nan] watching {named} ({count}) and "
                      f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
                      f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
                      f"together, with no forward between them, one step)")
         elif optimizer is None:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the script "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count}), whose weights the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
         else:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters) and its "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count}) and its "
                      f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
         if ctx is not None:
             self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "

@@ -35,7 +35,11 @@ def finding_lines(f: Finding) -> list[str]:
                        + (f" (in backward node {f.backward_node})" if f.backward_node else ""))
     if f.source:
         lines += _wrap("source", f.source + (f"   {f.source_line}" if f.source_line else ""))
+    if f.inside:  # the installed library's line where the op itself ran, under the user's line above
+        lines += _wrap("inside", f.inside + (f"   {f.inside_line}" if f.inside_line else ""))
     lines += _wrap("cause", f.cause)
+    if f.reproducible is False:
+        lines += _wrap("reproducible", "no: two replays of the run's own state and batch stayed finite")
     lines += _wrap("evidence", f.explanation)
     for name, stats in f.inputs.items():
         lines += _wrap(f"in {name}"[:12], TensorStats(**stats).line())
@@ -49,6 +53,8 @@ def finding_lines(f: Finding) -> list[str]:
         how = "; the op-level replay found the origin above" if f.detected_by == "replay" else \
             f" (detected by the {f.detected_by})"
         lines += _wrap("watch saw", f"{f.watch}{how}")
+    for note in f.notes:
+        lines += _wrap("note", note)
     if f.bundle:
         lines += _wrap("repro", f"debug-nan replay {f.bundle}")
     lines.append("  try:")

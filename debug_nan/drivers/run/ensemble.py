@@ -201,3 +201,24 @@ def watched_set(optimizers: list) -> tuple[nn.Module, Optimizers]:
     if len(modules) == 1 and not loose:
         return bare(modules[0]), Optimizers(optimizers)
     return Models(modules, loose), Optimizers(optimizers)
+
+
+def parameter_count(model: nn.Module, optimizer) -> str:
+    """"306,370 parameters" as the user knows them: those the run's optimizers hold (every parameter of `model`
+    when it has none), and apart, the model's parameters no optimizer holds (a model EMA's copy, frozen layers)
+    with the submodules that hold them: ", and 306,370 more in `model_ema` that no optimizer trains"."""
+    params = list(model.parameters())
+    if optimizer is None:
+        return f"{sum(p.numel() for p in params):,} parameters"
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trained = sum(p.numel() for p in params if id(p) in held)
+    apart = {}
+    for name, p in model.named_parameters():
+        if id(p) not in held:
+            top = name.split(".", 1)[0] if "." in name else name
+            apart[top] = apart.get(top, 0) + p.numel()
+    if not apart:
+        return f"{trained:,} parameters"
+    where = ", ".join(f"`{n}`" for n in list(apart)[:3]) + (" ..." if len(apart) > 3 else "")
+    return (f"{trained:,} parameters the optimizer holds, and {sum(apart.values()):,} more in {where} that no "
+            f"optimizer trains")

@@ -34,7 +34,9 @@ from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
 from debug_nan.drivers.run.wrappers import step_location
+from debug_nan.engine.watch.clipping import clip_watching, forget_clipping
 from debug_nan.engine.watch.module_hooks import ModuleHook
+from debug_nan.engine.watch.sampled import forget_batches, sampling
 from debug_nan.errors import InputError
 from debug_nan.frames import calls_through
 
@@ -140,6 +142,14 @@ class Hooks(WatchedOptimizer):
         self._patch(torch.amp.GradScaler, "scale", scaler_scale)
         self._patch(torch.amp.GradScaler, "update", scaler_update)
         self._patch(threading, "excepthook", thread_excepthook)
+        forget_clipping()  # (an earlier run in this process clipped, maybe)
+        forget_batches()
+        loader_iterator = torch.utils.data.dataloader._BaseDataLoaderIter  # (a data finding's dataset indices)
+        for name, wrapper in sampling(loader_iterator).items():
+            self._patch(loader_iterator, name, wrapper)
+        for clip, bound in (("clip_grad_norm_", "max_norm"), ("clip_grad_value_", "clip_value")):
+            for owner in (torch.nn.utils, torch.nn.utils.clip_grad):  # (the advice suggests clipping only if unseen)
+                self._patch(owner, clip, clip_watching(getattr(owner, clip), bound))
         if torch.distributed.is_available():
             destroy = torch.distributed.destroy_process_group
 

@@ -110,14 +110,13 @@ class Tape:
         batch, given at the replay."""
         if self.entries or args or kwargs:
             return self.arguments(MODEL, args, kwargs)
-        return Entry(MODEL, [], None, [], autocast=autocast_state())
+        return Entry(MODEL, [], None, [], user_location(2), autocast=autocast_state())
 
     def arguments(self, func, args: tuple, kwargs: dict) -> Entry:
         """A call's entry, its arguments encoded BEFORE it runs (an in-place op moves its inputs' versions), with
         the autocast state in force."""
         leaves, spec = tree_flatten((args, kwargs))
-        return Entry(func, [self._encode(x) for x in leaves], spec, [], None if func is MODEL else user_location(3),
-                     autocast=autocast_state())
+        return Entry(func, [self._encode(x) for x in leaves], spec, [], user_location(3), autocast=autocast_state())
 
     def returned(self, entry: Entry, out) -> None:
         entry.outputs, entry.dtypes = self._bind(out)
@@ -251,7 +250,7 @@ class Tape:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
                 first = False
                 called = call_model if entry.member is None else call_model.get_submodule(entry.member)
-                with forward_as(called, entry.forward), autocast_as(entry.autocast):
+                with forward_as(called, entry.forward), autocast_as(entry.autocast), replayed_at(entry.location):
                     out = called(*args, **kwargs)
             else:
                 args, kwargs = self._decode(entry.leaves, entry.spec, values)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from debug_nan.engine.explain.advice import AdviceContext, rank_advice
 from debug_nan.engine.explain.diagnose import diagnose
 from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
 from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
@@ -29,6 +30,8 @@ class ReplayFacts:
     loss_value: float | None = None  # the replayed loss (a scalar one), beside the watch's reading of the run's
     grads_nonfinite: set[str] | None = None  # the parameters whose replayed gradient held NaN/Inf
     consequence: OpEvent | None = None  # the later birth the origin led to through finite values (tracer.consequence)
+    # buffers the replay wrote non-finite that nothing harmed read (Lineage.unharmed_writers): (name, writer)
+    unharmed_buffers: list = field(default_factory=list)
 
 
 def replay_differs(check: Check | None, facts: ReplayFacts) -> str | None:
@@ -61,6 +64,26 @@ def consequence_words(later: OpEvent) -> str:
             f"consequence of this one, the earliest in the harmed value's lineage.")
 
 
+def unharmed_buffer_note(name: str, writer: OpEvent, step: int) -> str:
+    """A buffer that went non-finite in the replayed step although nothing harmed in it read the buffer: not the
+    origin, but the next eval (or a checkpoint) will read it."""
+    held = dict(writer.outputs).get(name.rsplit(".", 1)[-1])
+    what = "NaN" if held is not None and bool(held.isnan().any()) else "Inf"
+    where = ", ".join(p for p in (f"module `{writer.module}`" + (f" ({writer.module_type})" if writer.module_type
+                                                                   else "") if writer.module else "",
+                                  writer.source or "") if p)
+    reader = ("(model.eval() normalises with the running statistics)" if "running_" in name else
+              "(or any forward that reads the buffer)")
+    try:
+        _, why, _ = diagnose(writer)
+    except Exception:  # noqa: BLE001 - the note stands without the writer's evidence
+        why = ""
+    return (f"buffer `{name}` went {what} in step {step} too, written by {writer.op or writer.label}"
+            f"{f' ({where})' if where else ''}{f': {why}' if why else ''} Nothing the loss, a gradient or a "
+            f"parameter of this step read descends from it, so it is not the origin; but it will harm the next eval "
+            f"{reader} and any checkpoint saved from now on holds it.")
+
+
 def _word(value: float) -> str:
     """A value as a check words it: "" when finite, "nan", "+inf" or "-inf"."""
     return "nan" if math.isnan(value) else "" if math.isfinite(value) else "+inf" if value > 0 else "-inf"
@@ -79,6 +102,7 @@ class Trace:
     error: BaseException | None = None  # what user code raised, in the run or in the replay
     facts: ReplayFacts = field(default_factory=ReplayFacts)
     reached: list[str] | None = None  # an optimizer-phase origin: the parameters and states its values reached
+    advice: AdviceContext | None = None  # what the run shows besides the op, to rank the advice by (advice.py)
 
     def to_dict(self) -> dict:
         """The trace as data: where, the origin op, what the watch saw (tensors left out)."""
@@ -124,14 +148,21 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
         suggestions = replaced or suggestions
         module = param.rsplit(".", 1)[0] if param and "." in param else ""
         kind_of_module = module_type(model, module) if param else ""
+    else:
+        replaced = None
+    if not replaced:  # (the optimizer's own evidence, a NaN lr or schedule, names its fix itself)
+        suggestions = rank_advice(cause, event.phase, suggestions, trace.advice, raw, model, event, step)
     return Finding(
         step=step, micro_step=micro, phase=event.phase, module=module, module_type=kind_of_module,
         op=event.op, kind=event.kind, cause=cause, explanation=explanation, source=event.source,
         suggestions=suggestions, source_line=event.source_line, backward_node=event.backward_node,
-        forward_source=event.forward_source, sample_ids=sample_ids(raw),
+        forward_source=event.forward_source, sample_ids=sample_ids(raw), inside=event.inside,
+        inside_line=event.inside_line,
         inputs=stats_dict(event.inputs), outputs=stats_dict(event.outputs),
         watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
         exception=describe_exception(error) if error is not None else None,
+        notes=[unharmed_buffer_note(name, writer, step) for name, writer in facts.unharmed_buffers
+               if writer is not event],
     )
 
 

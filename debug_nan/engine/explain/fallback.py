@@ -31,9 +31,11 @@ def suggest_trace_at(finding: Finding | None, command: list[str] | None) -> None
     `--trace-at` command first among the suggestions. Any other finding is left as it is."""
     if finding is None or finding.detected_by != "watch" or finding.phase == Phase.OPTIMIZER:
         return
-    if STAYED_FINITE in finding.explanation:
+    if STAYED_FINITE in finding.explanation and finding.reproducible is not False:
         head = finding.explanation.split(STAYED_FINITE, 1)[0]
         finding.explanation = head + RUN_STAYED_FINITE
+    elif STAYED_FINITE in finding.explanation:
+        pass  # (replayed twice: the explanation already says what the two replays showed)
     elif NOT_REPLAYED not in finding.explanation:
         return
     again = trace_at_command(finding.step, finding.micro_step, command)

@@ -4,6 +4,7 @@ findings that need no op-level replay (a non-finite batch, a trip the replay cou
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -13,6 +14,7 @@ from debug_nan.engine.explain.diagnose import SUGGESTIONS, describe_rows
 from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.stats import flat_tensors, tensor_stats
 from debug_nan.engine.vocabulary import PHASE_OF_KIND, Cause, CheckKind, Phase
+from debug_nan.engine.watch.sampled import dataset_indices
 from debug_nan.engine.watch.watch import Check
 
 
@@ -46,6 +48,12 @@ class Finding:
     first_ranks: list[int] | None = None  # every rank that saw it in the earliest phase
     rank_origins: dict[str, str] | None = None  # under torchrun, when several ranks replayed: what each one found
     bundle: str | None = None  # repro bundle: `debug-nan replay BUNDLE` reaches this finding again
+    # where the op itself ran inside an installed library (torch.nn, transformers), beside `source` (the user's line)
+    inside: str | None = None  # "torch/nn/functional.py:2987"
+    inside_line: str | None = None  # "return torch.layer_norm("
+    # False: two replays of the run's own state and batch stayed finite (a transient fault, outside them)
+    reproducible: bool | None = None
+    notes: list[str] = field(default_factory=list)  # what the replay saw besides the origin (a buffer nothing read)
 
     def __post_init__(self):
         # one declared vocabulary (engine/vocabulary.py): an undeclared code is a ValueError here, and the finding
@@ -56,6 +64,20 @@ class Finding:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def machine(driver) -> str:
+    """"rank 1 on host gpu-07, device cuda:0 (NVIDIA H100 80GB HBM3)": where a transient fault happened."""
+    device = getattr(driver, "device", None)
+    name = ""
+    if isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available():
+        name = f" ({torch.cuda.get_device_name(device)})"
+    dist = getattr(driver, "dist", None)
+    rank = getattr(dist, "rank", None)
+    if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+    return (f"rank {rank if rank is not None else 0} on host {socket.gethostname()}, device "
+            f"{device if device is not None else 'cpu'}{name}")
 
 
 def module_type(model: nn.Module, path: str) -> str:
@@ -95,7 +117,14 @@ def data_finding(step: int, micro: int, raw, check: Check) -> Finding:
     where = bad.nonzero()[:6].tolist()
     rows = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero().squeeze(1) if tensor.dim() else None
     owners = f"; rows belong to {describe_rows(rows, tensor.shape[0], raw)}" if rows is not None else ""
-    explanation = (f"The batch itself is non-finite before the model sees it: key `{check.name}` "
+    indices = dataset_indices(raw) if rows is not None and sample_ids(raw) is None else None
+    if indices is not None and len(indices) == tensor.shape[0]:  # (the DataLoader's sampler named the records)
+        shown = [indices[r] for r in rows.tolist()[:8]]
+        owners = (f"; row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows.tolist()[:8]))} of the batch "
+                  f"{'are' if len(rows) > 1 else 'is'} dataset index {', '.join(map(str, shown))}"
+                  f"{' ...' if len(rows) > 8 else ''} (the DataLoader's sampler)")
+    key = f"key `{check.name}`" if check.name else "the batch tensor"
+    explanation = (f"The batch itself is non-finite before the model sees it: {key} "
                    f"{list(tensor.shape)} holds {n_nan} NaN and {n_inf} Inf of {tensor.numel()} values, at "
                    f"positions {where}{' ...' if bad.sum() > 6 else ''}{owners}.")
     return Finding(step=step, micro_step=micro, phase=Phase.DATA, module="", module_type="", op=None,

@@ -9,7 +9,8 @@ the `StepDriver` seam, so the CLI's Trainer and the API's Monitor share this one
 State: a buffer the watch saw turn non-finite without harm is traced at once (trace_buffer_writers) and its
 writer becomes the finding if later harm meets the buffer (buffer_writers.py); a non-finite state met in the run's
 first step is the checkpoint's or the task's (start_state.py); an optimizer-phase origin is told with the step's
-own param_groups (optimizer_evidence.py).
+own param_groups (optimizer_evidence.py); a replay that fell short (not replayable, out of memory) or stayed finite
+(replayed once more: transient or not) is told by fell_short.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from debug_nan.engine.explain.advice import AdviceContext, clipping_of
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
 from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
@@ -34,12 +36,19 @@ from debug_nan.engine.replay.driver import (
 from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
 from debug_nan.engine.replay.start_state import is_start_state, start_state_finding
+from debug_nan.engine.replay.fell_short import (
+    not_replayable_finding,
+    out_of_memory_finding,
+    replay_again,
+    transient_finding,
+)
 from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.sharded import has_fsdp, local
 from debug_nan.engine.stats import flat_tensors, move_to, nonfinite_names
 from debug_nan.engine.trace.events import has_nonfinite
 from debug_nan.engine.trace.tracer import OpEvent, Tracer
 from debug_nan.engine.vocabulary import CheckKind, Phase
+from debug_nan.engine.watch.sampled import dataset_indices
 from debug_nan.engine.watch.watch import Check, param_and_state_tensors
 from debug_nan.errors import describe_exception
 
@@ -51,6 +60,7 @@ class Pinpointer:
         self.facts = ReplayFacts()  # what the last replay saw besides its origin (engine/explain/explain.py)
         self.live: LiveTrace | None = None  # a micro-batch traced as it ran (`run --trace-at`), to explain at its trip
         self.sharded = has_fsdp(driver.model)  # FSDP: every replay runs the backward (its collectives) on every rank
+        self.finite_values: list[torch.Tensor] = []  # the last replay's harmed values, when they stayed finite
 
     # -- replay -------------------------------------------------------------------------------------------------
     def _batch(self, inputs: StepInputs, index: int):
@@ -123,7 +133,13 @@ class Pinpointer:
                         raise
                     exc = e
                 origin = tracer.origin_of(harmed)
+                if origin is None and exc is None:  # (finite: kept to tell a transient fault, see pinpoint)
+                    self.finite_values = [t.detach().clone() for t in [read, *harmed]
+                                          if isinstance(t, torch.Tensor)]
                 self.facts.consequence = tracer.consequence
+                if origin is not None:
+                    self.facts.unharmed_buffers = tracer.lineage.unharmed_writers(
+                        [(n, local(b)) for n, b in d.model.named_buffers()])
                 self.facts.nonfinite_outputs = list(tracer.nonfinite_outputs)
                 if origin is None and exc is not None:
                     # user code raised before the harm could be computed: the earliest birth stands for it
@@ -241,14 +257,18 @@ class Pinpointer:
                     f"op-level tracer (forward, loss, backward{', optimizer' if optimizer else ''})...")
                 tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
         except NotReplayable as why:
-            return self._not_replayable(inputs, micro, check, error, why)
+            return not_replayable_finding(self.driver, inputs, micro, check, error, why)
         except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
             if not is_out_of_memory(exc):
                 raise
-            return self._out_of_memory(inputs, micro, check, error, exc)
+            return out_of_memory_finding(self.driver, inputs, micro, check, error, exc)
         error = error or replay_exc
         log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s); the earliest "
             f"in the lineage of the harmed value is the finding.")
+        transient = None
+        if event is None and error is None and not optimizer and check is not None and not self.sharded \
+                and (live is None or not live.covers(inputs.step, micro, optimizer)):
+            tracer, event, transient = replay_again(self, inputs, micro)
         if event is None:
             if error is not None:
                 raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}. The replay "
@@ -261,6 +281,8 @@ class Pinpointer:
                        f"before step {inputs.step + 1} began, by code outside the optimizer step (an EMA, a weight "
                        f"clamp or renormalisation, a callback or hook), which no replay runs. Look at what the loop "
                        f"does to the weights between optimizer.step() and the next forward.")
+            if transient is not None:
+                return transient_finding(self.driver, inputs.step, micro, raw, check, transient)
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model, why)
         watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
@@ -319,39 +341,15 @@ class Pinpointer:
         elif origin.phase == Phase.DATA:
             finding = data_finding(step, index, raw, Check(CheckKind.DATA, origin.label, float(origin.kind)))
         else:
-            finding = self.event_finding(step, index, origin, raw, check, error)
+            finding = self.event_finding(step, index, origin, raw, check, error, after=True)
         return replace(finding, phase=Phase.EVAL, explanation=where + finding.explanation)
 
-    def _not_replayable(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                        why: NotReplayable) -> Finding:
-        """The driver could not replay the micro-batch exactly: the watch's finding stands, with the reason."""
-        what = f"the micro-batch could not be replayed in place: {why}."
-        return self._watch_finding(inputs, micro, check, error, what, f"{what} So the op is not named.")
-
-    def _out_of_memory(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                       exc: BaseException) -> Finding:
-        """The replay (which keeps more alive than the run: the tracer's evidence, anomaly mode's tracebacks)
-        ran out of memory: the watch's finding stands, without the op."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        what = f"the op-level replay ran out of memory ({describe_exception(exc)}), so the op is not named."
-        return self._watch_finding(inputs, micro, check, error, what,
-                                   f"{what} To name it, replay the repro bundle on a machine with more memory "
-                                   f"(debug-nan replay BUNDLE --device ...), or lower the batch size.")
-
-    def _watch_finding(self, inputs: StepInputs, micro: int, check: Check | None, error: BaseException | None,
-                       what: str, why: str) -> Finding:
-        """The replay stopped short (`what`): the state goes back to the step's start and the watch's finding stands
-        (`why` in its explanation); an exception with no check behind it stays the script's failure."""
-        inputs.snapshot.restore()  # (drops the replay's gradients and activations before going on)
-        self.driver.log(f"  [pinpoint] {what[0].upper()}{what[1:]}", "yellow")
-        if check is None:
-            raise TaskFailure(f"step {inputs.step}, micro-batch {micro}: {describe_exception(error)}; {what} "
-                              f"Whether a NaN/Inf came before the exception is unknown.")
-        return watch_only_finding(inputs.step, micro, inputs.batches[micro - 1], check, self.driver.model, why=why)
-
     def event_finding(self, step: int, micro: int, event: OpEvent, raw, check: Check | None,
-                      error: BaseException | None, reached: list[str] | None = None) -> Finding:
-        """The replay's Trace of `event`, explained (engine/explain/explain.py)."""
-        trace = Trace(step, micro, event, raw, check, error, self.facts, reached)
-        return explain(trace, self.driver.model, self.driver.optimizer)
+                      error: BaseException | None, reached: list[str] | None = None, after: bool = False) -> Finding:
+        """The replay's Trace of `event`, explained (engine/explain/explain.py). `after`: the micro-batch ran after
+        step `step`'s update (the eval pass), not within it."""
+        d = self.driver
+        advice = AdviceContext(updates=step - d.first_step - (0 if after else 1), checkpoint=d.checkpoint,
+                               clipping=clipping_of(d), dataset_indices=dataset_indices(raw))
+        trace = Trace(step, micro, event, raw, check, error, self.facts, reached, advice)
+        return explain(trace, d.model, d.optimizer)

@@ -48,6 +48,10 @@ class OpEvent:
     # torch.where hid that -inf from the loss): the same singular point, met first in the forward
     forward_origin: "OpEvent | None" = None
     note: str | None = None
+    # the installed library's line where the op itself ran, beside `source` (torch/nn/functional.py:2987 under the
+    # user's line that called the nn.LayerNorm), and its code; None when the user's own code called the op
+    inside: str | None = None
+    inside_line: str | None = None
 
 
 # ops whose output is uninitialised memory (it may hold an old NaN) or that overwrite their destination whole:
@@ -190,6 +194,14 @@ def nonfinite_flags(tensors: list[torch.Tensor]) -> list[tuple[bool, bool]]:
         for (i, _), (nan, inf) in zip(pairs, values):
             out[i] = (bool(nan), bool(inf))
     return out
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same dtype, shape and bytes (-0.0 and 0.0 differ, as two kernels' results may)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.detach().contiguous().view(-1).view(torch.uint8),
+                       b.detach().contiguous().view(-1).view(torch.uint8)) if a.numel() else True
 
 
 def saved_tensors(node) -> dict[str, torch.Tensor]:

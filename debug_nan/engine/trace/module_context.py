@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from debug_nan.engine.sharded import user_class, user_path
-from debug_nan.frames import replayed_source, source_from_stack_lines, user_frame_inside
+from debug_nan.frames import frames_from_stack_lines, library_from_stack_lines, replayed_source, user_frame_inside
 
 TAG = "debug_nan_module"
 ORIGIN_TAG = "debug_nan_origin"  # on the node of a forward op that was an origin: that origin's id
@@ -29,11 +29,23 @@ LOSS_CODE = "<loss code>"  # the TAG of a node made outside every module of the 
 
 
 def forward_source_of(node) -> str | None:
-    """The user line that created an autograd node, from anomaly mode's stored traceback (or, for a replayed
-    recorded call, the line that made it in the run)."""
+    """The user line that created an autograd node: the innermost line of the user's own code in anomaly mode's
+    stored traceback, else (a replayed recorded call, whose stack is the replay's) the line that made it in the
+    run."""
     if node is None:
         return None
-    return node.metadata.get(SOURCE_TAG) or source_from_stack_lines(node.metadata.get("traceback_"))
+    return frames_from_stack_lines(node.metadata.get("traceback_"))[0] or node.metadata.get(SOURCE_TAG)
+
+
+def forward_inside_of(node) -> tuple[str, str | None] | None:
+    """("lib/file.py:89", code) of the installed library's line where the op that created an autograd node ran
+    (torch.nn.functional, transformers' modeling code), from the same traceback; None when the user's own code
+    made it directly."""
+    if node is None:
+        return None
+    lines = node.metadata.get("traceback_")
+    source, inside = frames_from_stack_lines(lines)
+    return inside if source is not None else library_from_stack_lines(lines)
 
 
 def custom_backward_line(node) -> tuple[str, str | None] | None:

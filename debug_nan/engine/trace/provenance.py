@@ -89,6 +89,7 @@ class Lineage:
         self._descent: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # finite storage -> origin ids
         self.real = 0  # origins not written on purpose: descent is tracked from the first one on
         self._parents: dict[int, tuple[OpEvent, str]] = {}  # the last earliest(): event id -> (who led there, how)
+        self.harm_lineage: frozenset = NO_IDS  # the last earliest(): every origin in the harm's lineage
 
     def __len__(self) -> int:
         return len(self._sets)
@@ -163,10 +164,11 @@ class Lineage:
             ids |= self._descent.get(storage_key(t), NO_IDS)
         return sorted((self.origins[i] for i in ids), key=lambda e: (e.seq, e.id))
 
-    def descend(self, inputs, outputs, bad, written) -> None:
-        """An op's finite floating outputs (those not in `bad`) carry the origins its inputs descend from; an
-        output written in place keeps its storage's old descent unless it was written whole."""
-        ids = self.ancestry(inputs)
+    def descend(self, inputs, outputs, bad, written, ids: frozenset | None = None) -> None:
+        """An op's finite floating outputs (those not in `bad`) carry the origins its inputs descend from (`ids`:
+        the inputs' ancestry as it was before the op, where the op wrote some of them); an output written in place
+        keeps its storage's old descent unless it was written whole."""
+        ids = self.ancestry(inputs) if ids is None else ids
         if not ids:
             return
         skip, dests = {id(t) for t in bad}, {id(t) for t in written}
@@ -238,10 +240,24 @@ class Lineage:
             events.append(e)
             todo += ([(s, (e, "inf")) for s in e.inf_sources] + [(a, (e, "descent")) for a in e.ancestors]
                      + ([(e.forward_origin, (e, "forward"))] if e.forward_origin is not None else []))
+        self.harm_lineage = frozenset(seen)
         if not events:
             return None
         real = [e for e in events if not e.deliberate]
         return min(real or events, key=lambda e: (e.seq, e.id))
+
+    def unharmed_writers(self, named) -> list[tuple[str, OpEvent]]:
+        """After earliest(): (name, writer) of each of the named tensors (a model's buffers) that holds non-finite
+        values none of which is in the harm's lineage: a buffer this replay wrote non-finite (BatchNorm's
+        running_var) that nothing harmed read. The writer is its earliest origin not written on purpose."""
+        out = []
+        for name, t in named:
+            entry = self._sets.get(storage_key(t))
+            ids = (entry[0] | entry[1]) if entry is not None else NO_IDS
+            real = [self.origins[i] for i in ids if not self.origins[i].deliberate]
+            if real and not ids & self.harm_lineage:
+                out.append((name, min(real, key=lambda e: (e.seq, e.id))))
+        return out
 
     def consequence(self, origin: OpEvent) -> OpEvent | None:
         """After earliest(): where `origin` was reached only through finite values, the birth in the harm's own

@@ -48,10 +48,10 @@ from debug_nan.engine.trace.events import (
     tensor_args,
 )
 from debug_nan.engine.trace.module_context import LOSS_CODE, ORIGIN_TAG, TAG, ModuleContext, custom_backward_line
-from debug_nan.engine.trace.module_context import forward_source_of
+from debug_nan.engine.trace.module_context import forward_inside_of, forward_source_of
 from debug_nan.engine.trace.provenance import NO_IDS, Lineage, covers_storage, storage_key
 from debug_nan.engine.vocabulary import Phase
-from debug_nan.frames import C10D_CODE, FSDP_CODE, called_from, user_frame
+from debug_nan.frames import C10D_CODE, FSDP_CODE, called_from, op_frames, user_frame
 
 __all__ = ["OpEvent", "StopReplay", "Tracer", "TAG", "forward_source_of", "OVERWRITING", "UNINITIALISED"]
 
@@ -232,24 +232,30 @@ class Tracer(TorchDispatchMode):
         out = func(*args, **kwargs)
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         seen = {id(t) for t in outs}
+        returned = len(outs)
         outs += [t for t in written if id(t) not in seen]
         pending = None if self.phase_override else self.context.remember(outs, written)
         bad = [t for t in outs if has_nonfinite(t)]
+        # an op that writes a buffer non-finite (BatchNorm's running_var) gives it its own lineage in _judge: its
+        # finite results descend from what its inputs descended from BEFORE it
+        descent = self.lineage.ancestry([t for _, t, _ in before]) if bad and written and len(bad) < len(outs) else None
         if bad:
-            event = self._judge(func, args, kwargs, outs, bad, written, before)
+            event = self._judge(func, args, kwargs, outs, bad, written, before, returned)
             if pending is not None:
                 pending[2] = event
         elif written and len(self.lineage):
             self.lineage.cleared(written)
         if self.lineage.real and len(bad) < len(outs):  # finite results of non-finite or descended values
             inputs = [t for _, t, _ in before] if before is not None else tensor_args(args, kwargs)
-            self.lineage.descend(inputs, outs, bad, written)
+            self.lineage.descend(inputs, outs, bad, written, descent)
         return out
 
-    def _judge(self, func, args, kwargs, outs, bad, written, before) -> OpEvent | None:
+    def _judge(self, func, args, kwargs, outs, bad, written, before, returned) -> OpEvent | None:
         """A non-finite output: is this op an origin (-> its OpEvent), and which origins does each non-finite
-        output carry?"""
+        output carry? (`outs`: the `returned` results, then the arguments the op only wrote, named as such.)"""
         tensors, scalars = named_tensors(func, args, kwargs)
+        out_names = [f"out[{i}]" if returned > 1 else "out" for i in range(returned)] + [
+            next((n for n, a in tensors if a is t), "out") for t in outs[returned:]]
         if before is not None:
             names, originals, values = [n for n, _, _ in before], [t for _, t, _ in before], [c for _, _, c in before]
         else:
@@ -272,7 +278,7 @@ class Tracer(TorchDispatchMode):
             clones = {id(t): c for _, t, c in before if c is not t} if before is not None else {}
             swap = lambda v: clones.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
             event = self._record(func, "nan" if nan_birth else "inf", list(zip(names, values)), outs, scalars,
-                                 tree_map(swap, args), tree_map(swap, kwargs), deliberate)
+                                 tree_map(swap, args), tree_map(swap, kwargs), deliberate, out_names)
             if nan_birth:
                 event.inf_sources = sorted((self.origins[i] for i in inf_src), key=lambda e: (e.seq, e.id))
             event.ancestors = self.lineage.ancestors(originals)
@@ -326,15 +332,18 @@ class Tracer(TorchDispatchMode):
             seq=self.ops_seen, label=label, module_class=module_class,
             deliberate=not nan and kind != "parameter" and state not in self.poisoned))
 
-    def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate) -> OpEvent:
+    def _record(self, func, kind, inputs, outs, scalars, args, kwargs, deliberate, out_names) -> OpEvent:
         phase, module, node = self._context()
-        source, code = user_frame()
+        shown, inside = op_frames()
+        source, code = shown or (None, None)
         forward_source = None
         saved = {}
         forward_origin = None
         if node is not None:
             forward_source = forward_source_of(node)
-            source, code = custom_backward_line(node) or (forward_source, None)
+            custom = custom_backward_line(node)
+            source, code = custom or (forward_source, None)
+            inside = None if custom else forward_inside_of(node)
             saved = saved_tensors(node)
             if ORIGIN_TAG in node.metadata:
                 forward_origin = self.origins[node.metadata[ORIGIN_TAG]]
@@ -344,7 +353,8 @@ class Tracer(TorchDispatchMode):
             module_type=module_type if phase != Phase.LOSS else "",
             kind=kind, source=source, source_line=code, backward_node=node.name() if node is not None else None,
             forward_source=forward_source, inputs=[(n, t.detach()) for n, t in inputs],
-            outputs=[(f"out[{i}]" if len(outs) > 1 else "out", t.detach()) for i, t in enumerate(outs)],
+            outputs=[(n, t.detach()) for n, t in zip(out_names, outs)],
             scalars={k: v for k, v in scalars.items() if not isinstance(v, torch.Tensor)}, func=func, node=node,
             args=args, kwargs=kwargs, saved=saved, seq=self.ops_seen, deliberate=deliberate,
-            module_class=module_class, forward_origin=forward_origin))
+            module_class=module_class, forward_origin=forward_origin,
+            inside=inside[0] if inside else None, inside_line=inside[1] if inside else None))

@@ -67,3 +67,34 @@ def test_an_error_of_a_torch_call_the_recorder_passed_on_is_the_callers():
     except AttributeError as exc:
         filename, _ = raising_tool_frame(exc)
         assert filename == os.path.join(PACKAGE_DIR, "frames.py")
+
+
+def test_installed_code_is_told_by_where_it_lives():
+    """site-packages / dist-packages of any environment, the interpreter's standard library and torch are installed;
+    the user's files, anywhere else, and the built-in pipeline are not."""
+    from debug_nan.frames import is_installed
+
+    assert is_installed("/opt/env/lib/python3.11/site-packages/timm/layers/norm.py")
+    assert is_installed("/usr/lib/python3/dist-packages/transformers/models/gpt2/modeling_gpt2.py")
+    assert is_installed(os.path.join(os.path.dirname(os.__file__), "contextlib.py"))
+    assert is_installed(os.path.join(TORCH_DIR, "nn", "functional.py"))
+    assert not is_installed("/home/me/nanoGPT/model.py") and not is_installed(__file__)
+    assert not is_installed(os.path.join(PACKAGE_DIR, "aam", "model", "attention.py"))
+
+
+def test_the_users_own_line_is_shown_and_the_librarys_line_beside_it():
+    """Innermost first: the op ran in torch.nn.functional, called by timm's norm, called by the user's model; the
+    source is the user's line, the line beside it the library's outside torch (else torch's own)."""
+    from debug_nan.frames import pick_frames
+
+    plumbing = os.path.join(TORCH_DIR, "utils", "_python_dispatch.py")
+    functional = os.path.join(TORCH_DIR, "nn", "functional.py")
+    module = os.path.join(TORCH_DIR, "nn", "modules", "module.py")
+    timm = "/opt/env/lib/python3.11/site-packages/timm/layers/norm.py"
+    user = "/home/me/train.py"
+    assert pick_frames([plumbing, functional, timm, module, user]) == (4, 2, True)
+    assert pick_frames([plumbing, functional, module, user]) == (3, 1, True)
+    assert pick_frames([user, functional]) == (0, None, True)  # the user's own code called the op
+    # no frame of the user's own: the library's line is shown alone (the caller decides, e.g. a replayed call's)
+    assert pick_frames([functional, timm, os.path.join(PACKAGE_DIR, "drivers", "run", "tape.py"), user]) == (
+        1, None, False)

@@ -8,7 +8,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from debug_nan.engine.explain.causes.masking import first_input
 from debug_nan.engine.explain.causes.principles import has_no_pole, magnitude
-from debug_nan.engine.trace.events import OpEvent
+from debug_nan.engine.trace.events import OpEvent, base_arg_name, named_tensors, op_info
 from debug_nan.engine.vocabulary import Cause
 
 # op -> the argument that is the log's argument (xlogy(x, y) = x * log(y))
@@ -140,22 +140,40 @@ def inf_arithmetic_rule(event: OpEvent) -> tuple[str, str] | None:
                               f"inf - inf, 0 * inf and inf / inf are NaN.")
 
 
-def float64(event: OpEvent) -> torch.Tensor | None:
-    """The op recomputed in float64 (complex128), or None where it cannot be (some ops refuse float64)."""
+def float64_outputs(event: OpEvent) -> list[torch.Tensor] | None:
+    """The op recomputed in float64 (complex128): its tensors in the order of event.outputs (the returned ones,
+    then the arguments it writes that it does not return: BatchNorm's running_var), or None where it cannot be
+    (some ops refuse float64)."""
     if event.func is None:
         return None
+    copies: dict[int, torch.Tensor] = {}
+
     def up(v):
         if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-            return v.detach().to(torch.complex128 if v.is_complex() else torch.float64)
+            if id(v) not in copies:
+                # (a copy even of a float64 tensor: an in-place op recomputed must not write the evidence)
+                copies[id(v)] = v.detach().to(torch.complex128 if v.is_complex() else torch.float64, copy=True)
+            return copies[id(v)]
         return v
+    args, kwargs = tree_map(up, event.args), tree_map(up, event.kwargs)
     try:
         with torch.no_grad():
-            ref = event.func(*tree_map(up, event.args), **tree_map(up, event.kwargs))
+            ref = event.func(*args, **kwargs)
     except Exception:  # noqa: BLE001 - a courtesy only: some ops refuse float64 or mixed dtypes
         return None
-    ref = ref if isinstance(ref, torch.Tensor) else next((t for t in tree_flatten(ref)[0]
-                                                          if isinstance(t, torch.Tensor)), None)
-    return ref
+    outs = [t for t in tree_flatten(ref)[0] if isinstance(t, torch.Tensor)]
+    tensors, _ = named_tensors(event.func, args, kwargs)
+    written = op_info(event.func).written
+    for name, t in tensors:  # (in the tracer's order: each written argument the op did not return, once)
+        if base_arg_name(name) in written and all(t is not o for o in outs):
+            outs.append(t)
+    return outs
+
+
+def float64(event: OpEvent) -> torch.Tensor | None:
+    """The op's first result recomputed in float64 (float64_outputs), or None."""
+    outs = float64_outputs(event)
+    return outs[0] if outs else None
 
 
 def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
@@ -163,12 +181,13 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     is infinite by definition (a pole), which no precision cures."""
     if event.kind != "inf":
         return None
-    outs = [t for _, t in event.outputs if t.is_floating_point() or t.is_complex()]
-    if not outs:
+    pairs = _infinite_outputs(event, name)
+    if not pairs:
         return None
-    dtype = outs[0].dtype
-    n_inf = sum(_count(torch.isinf(t)) for t in outs)
-    ref = float64(event) if name != "_to_copy" else None
+    dtype = pairs[0][0].dtype
+    n_inf = sum(_count(torch.isinf(t)) for t, _ in pairs)
+    refs = [r for _, r in pairs if r is not None]
+    ref = torch.cat([r.detach().reshape(-1) for r in refs]) if refs and len(refs) == len(pairs) else None
     if ref is not None and (ref.is_floating_point() or ref.is_complex()) and bool(torch.isinf(ref).any()):
         n_ref = _count(torch.isinf(ref))
         stem = _stem(name)
@@ -186,8 +205,9 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     limit = torch.finfo(real_dtype).max
     in_max = max((float(t.detach().abs().max()) for _, t in event.inputs
                   if (t.is_floating_point() or t.is_complex()) and t.numel()), default=0.0)
-    reference = f"; recomputed in float64 the largest |result| is {float(ref.abs().max()):.4g}" \
-        if ref is not None and ref.numel() else ""
+    written = _written_names(event, pairs)
+    reference = (f"; recomputed in float64 the largest |result|{written} is {float(ref.abs().max()):.4g}"
+                 if ref is not None and ref.numel() else "")
     if ref is not None and ref.numel() and float(ref.abs().max()) <= limit:  # the result fits: a partial sum did not
         return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                             f"an intermediate (a partial sum or product) exceeded the "
@@ -197,3 +217,24 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
                         f"the result exceeds the {str(dtype).replace('torch.', '')} maximum {limit:.6g}{reference}.")
 
+
+
+def _infinite_outputs(event: OpEvent, name: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(output that holds an Inf, its float64 recomputation at the same positions or None) for each floating
+    output holding an Inf: the evidence is the Inf's own output (BatchNorm's running_var ~1e60), never another
+    output of the op that stayed finite."""
+    refs = float64_outputs(event) if name != "_to_copy" else None
+    out = []
+    for i, (_, t) in enumerate(event.outputs):
+        if not (t.is_floating_point() or t.is_complex()) or not bool(torch.isinf(t).any()):
+            continue
+        ref = refs[i] if refs is not None and i < len(refs) and refs[i].shape == t.shape else None
+        out.append((t, ref[torch.isinf(t)] if ref is not None else None))
+    return out
+
+
+def _written_names(event: OpEvent, pairs) -> str:
+    """' of `running_var`' where the Infs are in arguments the op wrote without returning them."""
+    held = {id(t) for t, _ in pairs}
+    names = [n for n, t in event.outputs if id(t) in held and not n.startswith("out")]
+    return f" of `{'`, `'.join(names)}`" if names else ""

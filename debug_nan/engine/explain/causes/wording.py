@@ -40,7 +40,8 @@ SUGGESTIONS = {
         "before the sqrt/norm: 0 * inf is still NaN.",
     ],
     Cause.OVERFLOW: [
-        "Lower the learning rate or clip gradients (--max-grad-norm) if weights grew; check initialisation.",
+        "If the weights grew, lower the learning rate or clip gradients (--max-grad-norm); else check the "
+        "initialisation.",
         "Run the op in float32 (autocast excludes it, or .float()) or use --precision bf16, whose range is fp32's.",
         "Normalise before the op (LayerNorm, scaled dot products / sqrt(d)); use logsumexp instead of exp().sum().",
     ],
