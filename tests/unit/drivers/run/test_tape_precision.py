@@ -2,6 +2,8 @@
 replay re-enters it, whatever is in force around the replay; a replayed dtype that is not the run's is said; the
 fp16 probe's backward takes the loss before the GradScaler's scale."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -62,8 +64,8 @@ def test_a_replayed_dtype_that_is_not_the_runs_is_the_replays_divergence(recorde
     for entry in tape.entries:
         entry.autocast = ()  # as if the state had not been recorded: the replay runs in float32
     tape.replay(model, (x.clone(),), {})
-    assert tape.diverged.startswith("The replay diverged from the run in precision: the model's forward gave its "
-                                    "output in float32 where the run's was float16")
+    assert re.match(r"The replay diverged from the run in precision: the model's forward at test_tape\.py:\d+ gave "
+                    r"its output in float32 where the run's was float16", tape.diverged)
 
 
 def test_the_probe_backpropagates_the_loss_before_the_grad_scalers_scale(recorder):
