@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 from debug_nan.app.cli import main
-from tests.support import warm
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,13 +25,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _warm_interpreter():
-    """Started before any test copies os.environ for a process of its own: the copy then holds the variables
-    that make its Python processes, and torchrun's ranks, come from the warm interpreter (tests/support/warm)."""
-    warm.python()
 
 
 class Run:

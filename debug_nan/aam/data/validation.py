@@ -14,7 +14,6 @@ import scipy.sparse as sp
 
 from debug_nan.errors import InputError
 
-GAPS = "-."
 AMBIGUOUS = "NRYSWKMBDHVnryswkmbdhv"  # IUPAC codes that stand for more than one base
 # more than this share of branches without a length is not "a few": the distances would mostly be made up
 MAX_SHARE_MISSING_LENGTHS = 0.5

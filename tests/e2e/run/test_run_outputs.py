@@ -7,9 +7,9 @@ import shutil
 import subprocess
 
 import pytest
+import sys
 
 from tests.support.run.side_by_side import TRAIN, env
-from tests.support.warm import python
 
 
 def test_a_full_disk_for_the_report_exits_2_with_the_reason(tmp_path, run_here, monkeypatch, train_alone):
@@ -55,7 +55,7 @@ def full_disk(tmp_path):
 def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk, train_alone):
     (tmp_path / "train.py").write_text(TRAIN)
     report = full_disk / "run.json"
-    done = subprocess.run([python(), "-m", "debug_nan", "run", "--report", str(report), "--", "python",
+    done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--report", str(report), "--", "python",
                            "train.py"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stdout == train_alone.stdout
