@@ -151,9 +151,12 @@ def test_no_import_cycle():
             assert cycle is None, " -> ".join(cycle)
 
 
+HUGE_FILE_LINES = 800  # a guideline, not a cap: files are split by meaning; only one this long surely holds several
+
+
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_file_over_350_lines(path):
-    assert len(path.read_text().splitlines()) <= 360, "split it: one responsibility per file"
+def test_no_file_is_huge(path):
+    assert len(path.read_text().splitlines()) <= HUGE_FILE_LINES, "split it by meaning: one responsibility per file"
 
 
 def test_only_the_built_in_task_reads_its_settings():
