@@ -4,9 +4,9 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.support import SUPPORT
 

@@ -5,9 +5,9 @@ test_run_ddp.py and the CUDA tests of test_run_sharded_frameworks.py; one Lightn
 import json
 import os
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.support import SUPPORT
 

@@ -9,10 +9,10 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import sys
 
 from tests.support import REPO, SUPPORT
 from tests.support.ports import reserved_port

@@ -26,10 +26,10 @@ The expected values, from first principles:
 import itertools
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import sys
 import torch
 from click.testing import CliRunner
 

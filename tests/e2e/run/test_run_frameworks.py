@@ -2,9 +2,9 @@
 print exactly their own output; a planted bug gives the `--task` finding for the same model."""
 
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.support import SUPPORT
 

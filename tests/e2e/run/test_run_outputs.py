@@ -5,9 +5,9 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.support.run.side_by_side import TRAIN, env
 

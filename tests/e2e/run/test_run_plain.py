@@ -3,9 +3,9 @@ exit code) and broken (the finding equals the `--task` finding for the same mode
 
 import json
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.conftest import run_process
 from tests.support import SUPPORT

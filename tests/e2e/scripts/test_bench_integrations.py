@@ -2,9 +2,9 @@
 
 import json
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.conftest import REPO
 

@@ -3,9 +3,9 @@ Markdown table is written, and --budget-s stops it cleanly. (On a GPU the same c
 
 import json
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tests.conftest import REPO
 from tests.support.once import once

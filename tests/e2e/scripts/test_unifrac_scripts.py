@@ -2,9 +2,9 @@
 
 import json
 import subprocess
+import sys
 
 import biom
-import sys
 import numpy as np
 from skbio import TreeNode
 
