@@ -67,8 +67,8 @@ def samples(a) -> list[dict]:
         return [{"idx": t[:-1], "targets": t[1:]} for t in tokens]
     ids = torch.randint(5, 1000, (n, a.seq), generator=g)
     labels = torch.where(torch.rand(n, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-    return [{"input_ids": i, "attention_mask": torch.ones(a.seq, dtype=torch.long), "labels": l}
-            for i, l in zip(ids, labels)]
+    return [{"input_ids": i, "attention_mask": torch.ones(a.seq, dtype=torch.long), "labels": y}
+            for i, y in zip(ids, labels)]
 
 
 def run_lightning(a, watched: bool) -> float:

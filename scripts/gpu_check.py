@@ -155,7 +155,7 @@ def run_item(check: Check, spec, results: dict[str, Item], write, in_process: bo
             fn(check, item)
         except BudgetOut as exc:
             item.status, item.reason = "not run", f"budget: {exc}"
-        except Exception:  # an item's failure is its own, never the script's
+        except Exception:  # noqa: BLE001 - an item's failure is its own, never the script's
             item.failures.append(tail(traceback.format_exc()))
         if item.failures and item.status != "not run":
             item.status, item.reason = "fail", "; ".join(item.failures)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report["environment"] = environment(check)
-    except Exception:  # a broken CUDA install is itself a finding: the items say what fails
+    except Exception:  # noqa: BLE001 - a broken CUDA install is itself a finding: the items say what fails
         report["environment"]["error"] = tail(traceback.format_exc())
     print(f"[gpu_check] {report['environment']} | budget {args.budget_s:.0f} s | quick {args.quick}", flush=True)
     write_lock = threading.Lock()

@@ -151,7 +151,7 @@ class Monitor:
             self.watch.enabled = False
             self.watch.discard()
             raise
-        except Exception as exc:  # the user's own NaN check raising is a trip too
+        except Exception as exc:  # noqa: BLE001 - the user's own NaN check raising is a trip too
             error = exc
         try:
             finding = session.end(last, error)

@@ -24,7 +24,7 @@ def test_tiny_synthetic_run_is_clean(run_cli):
     assert run.report["first_nonfinite"] is None
     assert "synthesized 24 samples" in run.output and "CLEAN" in run.output
     losses = [h["loss"] for h in run.report["history"]]
-    assert all(l > 0 for l in losses) and len(losses) == 3
+    assert all(loss > 0 for loss in losses) and len(losses) == 3
 
 
 def test_no_guards_reproduces_the_padding_nan(run_cli):

@@ -13,7 +13,7 @@ from tests.support import SUPPORT
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from tests.conftest import REPO  # noqa: E402
+from tests.conftest import REPO
 
 SCRIPT = SUPPORT / "frameworks" / "hf_ddp.py"
 

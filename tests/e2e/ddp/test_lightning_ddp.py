@@ -13,8 +13,8 @@ from tests.support import SUPPORT
 
 pytest.importorskip("lightning.pytorch")
 
-from tests.conftest import REPO  # noqa: E402
-from tests.support.ports import reserved_port  # noqa: E402
+from tests.conftest import REPO
+from tests.support.ports import reserved_port
 
 SCRIPT = SUPPORT / "frameworks" / "lightning_ddp.py"
 
