@@ -13,7 +13,8 @@ pairs. A timing callback measures the steps after --warmup (setup, first-step al
 start-up excluded). Reported: median ms per optimizer step of each, and the median of the per-pair ratios.
 On the CPU, --threads (default 1) keeps the pairs comparable on a shared machine. The default --warmup 16 times
 the steady state: the watch measures every module output in a run's first 16 steps, then, on the CPU, on a stride
-that keeps that measurement at 0.5% of a step (debug_nan/engine/session/output_schedule.py; --warmup 2 times those first steps).
+that keeps that measurement at 0.5% of a step (debug_nan/engine/session/output_schedule.py; --warmup 2 times those first
+steps).
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ def markdown(report: dict) -> str:
     where = (f"{env['gpu']} ({env['gpu_memory_gib']} GiB), torch {env['torch']}, CUDA {env['cuda']}" if env.get("gpu")
              else f"no GPU: {env['device']}, torch {env.get('torch')}")
     lines = [f"GPU check on {where}: `{report['command']}` (commit {env.get('commit')}, {env.get('date')}, "
-             f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget{', quick sizes' if report['quick'] else ''})",
+             f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s "
+             f"budget{', quick sizes' if report['quick'] else ''})",
              "", "| check | result | figures | s |", "|---|---|---|---|"]
     for item in report["items"]:
         reason = item["reason"] if item["status"] != "pass" else ""

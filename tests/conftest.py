@@ -17,6 +17,7 @@ from tests.support import REPO, SUPPORT
 
 TINY = str(REPO / "configs" / "tiny.toml")
 SCENARIOS = SUPPORT / "scenarios.py"
+UNIT = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_configure(config):
@@ -27,6 +28,13 @@ def pytest_configure(config):
         config.debug_nan_config = tempfile.mkdtemp(prefix="debug-nan-test-config-")
         os.environ["XDG_CONFIG_HOME"] = config.debug_nan_config
         os.environ.pop("DEBUG_NAN_BUNDLE_KEY", None)
+
+
+def pytest_collection_modifyitems(items):
+    """tests/unit: the unit layer (tests/e2e/conftest.py marks its own)."""
+    for item in items:
+        if UNIT in item.path.parents:
+            item.add_marker(pytest.mark.unit)
 
 
 def pytest_unconfigure(config):

@@ -80,7 +80,8 @@ class RunListener:
                      f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
                      f"together, with no forward between them, one step)")
         elif optimizer is None:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the script "
+            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights "
+                     "the script "
                      f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
                      f"the next forward, where its update is checked")
         else:

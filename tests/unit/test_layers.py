@@ -99,7 +99,8 @@ def imports() -> list[tuple[str, str, bool, int]]:
 def test_the_walk_sees_the_package():
     found = imports()
     assert len({i for i, _, _, _ in found}) > 30
-    assert ("debug_nan.engine.session.session", "debug_nan.engine.replay.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
+    assert ("debug_nan.engine.session.session", "debug_nan.engine.replay.pinpoint", False) in {
+        (i, t, z) for i, t, z, _ in found}
 
 
 def test_no_upward_import():

@@ -41,7 +41,8 @@ def check_input_file(path: str | Path, what: str, option: str = "") -> Path:
             raise InputError(f"{what} does not exist.") from None
         raise InputError(f"{what} cannot be read ({exc.strerror or exc}).") from None
     if stat.S_ISDIR(mode):
-        inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".biom")[:3] if os.access(path, os.R_OK) else []
+        inside = (sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".biom")[:3]
+                  if os.access(path, os.R_OK) else [])
         hint = f" It holds {some(inside)}: pass that file." if inside else " Pass the file itself."
         raise InputError(f"{what} is a directory, not a file.{hint}")
     if not stat.S_ISREG(mode):

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from debug_nan.aam.data.writing import write_biom, write_tree
@@ -62,6 +63,7 @@ def test_biom_and_tree_written_by_a_test(run_cli, tiny_data, tmp_path):
     assert list(data_dir.iterdir()) and not list(data_dir.glob("*.npy"))
 
 
+@pytest.mark.processes
 def test_shipped_demo_data_in_a_fresh_process(tmp_path):
     proc = run_process("--config", TINY, "--data-dir", str(REPO / "data"), "--max-steps", "2", "--device", "cpu",
                        "--unifrac", "weighted", "--report", "r.json", cwd=tmp_path)

@@ -206,7 +206,7 @@ CASES = [(name, entry) for name in EXPECTED if name not in parity.TWO_OPTIMIZER_
          for entry in (*ENTRY_POINTS, "run")] + [
     (name, entry) for name in RUN_FRAMEWORK_BUGS for entry in ("run-lightning", "run-hf")] + [
     (name, "run") for name in parity.TWO_OPTIMIZER_BUGS] + [  # (the other entry points take one optimizer)
-    (name, "run-fsdp2") for name in FSDP2_BUGS]
+    pytest.param(name, "run-fsdp2", marks=pytest.mark.processes) for name in FSDP2_BUGS]  # (torchrun's ranks)
 
 
 @pytest.mark.parametrize("entry", (*ENTRY_POINTS, "run"))

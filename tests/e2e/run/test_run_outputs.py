@@ -52,6 +52,7 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.processes
 def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk, train_alone):
     (tmp_path / "train.py").write_text(TRAIN)
     report = full_disk / "run.json"

@@ -32,6 +32,7 @@ def loop_alone():
     return plain("--exit-code", "3")
 
 
+@pytest.mark.processes
 def test_healthy_loop_prints_exactly_its_own_output_and_keeps_its_exit_code(tmp_path, loop_alone):
     """In a fresh process: the exit code is the process's."""
     done, report = watched(tmp_path, "--exit-code", "3")

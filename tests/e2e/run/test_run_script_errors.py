@@ -6,6 +6,8 @@ on the stack. A script that replaces its stderr still gets debug-nan's summary."
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.run.script_runs import write
 
 BAD_LABEL = """\
@@ -105,6 +107,7 @@ def test_a_script_raising_before_it_trains_exits_1_as_plain_python(tmp_path, run
     assert "debug_nan" not in _traceback(stderr)
 
 
+@pytest.mark.processes
 def test_a_script_that_rewraps_its_stderr_still_gets_the_summary(tmp_path):
     """In a process of its own: the script detaches the real stderr's buffer, which debug-nan's log wrote to."""
     write(tmp_path, REWRAPS_STDERR)

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository r
 from tests.support import models
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])
+parser.add_argument("--bug", default="none",
+                    choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)
