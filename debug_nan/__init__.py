@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from debug_nan.torch_support import python_problem as _python_problem  # noqa: E402 (no torch: stays light)
+from debug_nan.torch_support import python_problem as _python_problem  # (no torch: stays light)
 
 if _python_problem() is not None:  # older than 3.10: one line, not a SyntaxError or an AttributeError later
     import os as _os

@@ -248,7 +248,8 @@ def validate(s: RunSettings) -> None:
                          f"{s.outputs_every}.")
     if s.keep_going and s.snapshot in ("off", "params"):
         raise InputError("--keep-going skips a failing step's update by restoring the snapshot taken before it; "
-                         f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or device), or "
+                         f"with --snapshot {s.snapshot} it cannot undo an optimizer step: use --snapshot host (or "
+                         "device), or "
                          "--stop-at-first.")
     for name, allowed in CHOICES.items():
         if getattr(s, name) not in allowed:

@@ -113,7 +113,8 @@ def torch_at_least(major: int, minor: int) -> bool:
 def ddp_without_buffer_broadcast() -> dict:
     """DistributedDataParallel's keyword that turns off its buffer broadcast in every forward. torch 2.4-2.x:
     `broadcast_buffers=False`; newer torch splits it and deprecates that spelling for `forward_sync_buffers`
-    (train/distributed.py wrap_ddp). Read from the signature: the split is what matters, not a version number."""
+    (engine/session/distributed.py wrap_ddp). Read from the signature: the split is what matters, not a version
+    number."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
@@ -129,10 +130,10 @@ def torchrun_records_terminated_workers() -> bool:
     --monitor-interval, 0.1 s) SIGTERMs the workers still running. Newer torch (pytorch/pytorch#160908, 2025:
     `_capture_process_failures`) then polls them again and lists their exit codes too; older torch (2.4 and 2.5
     seen here) lists only the workers that had already exited at the poll that saw the first failure. debug-nan's
-    ranks leave together with the same code (train/distributed.py leave_together: after a barrier, and torchrun's
-    SIGTERM then exits with the rank's own code), so under an older torchrun the summary may name one rank where
-    every rank exited with that code: the summary is torchrun's, and no worker can put in it a rank that the agent
-    did not see exit. Read from torch's code, not from a version number."""
+    ranks leave together with the same code (engine/session/distributed.py leave_together: after a barrier, and
+    torchrun's SIGTERM then exits with the rank's own code), so under an older torchrun the summary may name one
+    rank where every rank exited with that code: the summary is torchrun's, and no worker can put in it a rank that
+    the agent did not see exit. Read from torch's code, not from a version number."""
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
     return hasattr(SubprocessContext, "_capture_process_failures")
@@ -148,7 +149,7 @@ def _before_2_6_on_3_13(python=None, torch_version=None) -> bool:
 
 
 def save_options(python=None, torch_version=None) -> dict:
-    """torch.save's keywords (the repro bundle: report/bundle.py). torch 2.5 on Python 3.13 cannot torch.save at
+    """torch.save's keywords (the repro bundle: presentation/bundle.py). torch 2.5 on Python 3.13 cannot torch.save at
     all: it sets `persistent_id` on the C pickler, which Python 3.13 made read-only ("'_pickle.Pickler' object
     attribute 'persistent_id' is read-only"; torch 2.6 subclasses the pickler instead). There the file is written
     through the standard library's pure-Python pickler: the same format, read back by any torch.load."""

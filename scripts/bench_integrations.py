@@ -13,7 +13,8 @@ pairs. A timing callback measures the steps after --warmup (setup, first-step al
 start-up excluded). Reported: median ms per optimizer step of each, and the median of the per-pair ratios.
 On the CPU, --threads (default 1) keeps the pairs comparable on a shared machine. The default --warmup 16 times
 the steady state: the watch measures every module output in a run's first 16 steps, then, on the CPU, on a stride
-that keeps that measurement at 0.5% of a step (debug_nan/engine/session/output_schedule.py; --warmup 2 times those first steps).
+that keeps that measurement at 0.5% of a step (debug_nan/engine/session/output_schedule.py; --warmup 2 times those first
+steps).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def samples(a) -> list[dict]:
         return [{"idx": t[:-1], "targets": t[1:]} for t in tokens]
     ids = torch.randint(5, 1000, (n, a.seq), generator=g)
     labels = torch.where(torch.rand(n, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-    return [{"input_ids": i, "attention_mask": torch.ones(a.seq, dtype=torch.long), "labels": l}
-            for i, l in zip(ids, labels)]
+    return [{"input_ids": i, "attention_mask": torch.ones(a.seq, dtype=torch.long), "labels": y}
+            for i, y in zip(ids, labels)]
 
 
 def run_lightning(a, watched: bool) -> float:

@@ -14,8 +14,8 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
                   module outputs, loss, gradients, parameters, one host sync per micro-batch, the history
   watch_only      `watch` without its snapshot (the snapshot's save() skipped): the checks' own cost
   watch_all       `watch` measuring every module output in every step, as the first 16 steps of a run do (after
-                  them the CPU measures the outputs on a stride, engine/session/output_schedule.py: `watch` and `monitor`
-                  are timed there, after a pre-roll of 16 untimed steps)
+                  them the CPU measures the outputs on a stride, engine/session/output_schedule.py: `watch` and
+                  `monitor` are timed there, after a pre-roll of 16 untimed steps)
   monitor         the plain step inside `debug_nan.Monitor.step()` (the Python API's entry point: the same step
                   session as `watch`, its optimizer hook reading the parameters after the step)
   snapshot        plain + the snapshot the watch takes before every step (its share of `watch`, for reference)
@@ -23,10 +23,10 @@ Modes, each a full training step (forward, loss, backward, clipping if the setti
   detect_anomaly  torch.autograd.detect_anomaly() around a plain step
   naive_hooks     plain + a forward hook on every module doing `isfinite(out).all().item()` (a host sync each)
 Modes alternate within every repeat (drift hits all alike), in an order that rotates, after warm-up. `x plain`
-is the median over the repeats of each repeat's time divided by the same repeat's plain time; `CPU x plain` is the same with the CPU time
-of this process (all its threads): steadier than wall time on a machine that other processes share, though it
-under-weights single-threaded extra work next to a multi-threaded step. On CUDA the device is synchronised around
-every step, and the host syncs of one watch step are counted with torch.cuda.set_sync_debug_mode("warn").
+is the median over the repeats of each repeat's time divided by the same repeat's plain time; `CPU x plain` is the same
+with the CPU time of this process (all its threads): steadier than wall time on a machine that other processes share,
+though it under-weights single-threaded extra work next to a multi-threaded step. On CUDA the device is synchronised
+around every step, and the host syncs of one watch step are counted with torch.cuda.set_sync_debug_mode("warn").
 On a CPU shared with other busy processes, spin-waiting OpenMP threads make single steps up to 10x slower at
 random: there, OMP_WAIT_POLICY=PASSIVE steadies the timings, but every parallel op then pays a thread wake-up
 (~30 us on 2 cores), which inflates the cost of many small reductions (the watch's, and the model's own): compare
@@ -268,7 +268,8 @@ def main() -> None:
                "cpu_samples_ms": {m: [1000 * x for x in v] for m, v in cpu_times.items()},
                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
-               "host_syncs_per_watch_step": syncs, "split_ms": split, "samples_ms": {m: [1000 * x for x in v] for m, v in times.items()}}
+               "host_syncs_per_watch_step": syncs, "split_ms": split,
+               "samples_ms": {m: [1000 * x for x in v] for m, v in times.items()}}
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.json_path}")
 

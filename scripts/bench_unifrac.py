@@ -4,8 +4,8 @@
     python scripts/bench_unifrac.py --samples 20000 --features 100000 --metric unweighted
 
 Tables come from scripts/make_sparse_table.py (50-500 features per sample, a random tree). Each measurement
-runs in its own child process, so its peak RSS (ru_maxrss) and CPU time are its own: the table and tree are built first in
-that process (their size is reported as the baseline), then the distances are computed. The built-in engine
+runs in its own child process, so its peak RSS (ru_maxrss) and CPU time are its own: the table and tree are built first
+in that process (their size is reported as the baseline), then the distances are computed. The built-in engine
 runs through debug_nan.aam.data.unifrac.unifrac_targets with a fresh cache folder (large results memory-mapped
 there, as in a real run); scikit-bio gets the dense table it needs. Prints one line per run; --json writes all.
 """
@@ -126,7 +126,8 @@ def main() -> None:
                     results[engine] = np.load(out)
                 rows.append(row)
                 print(f"{metric:<10} {engine:<8} {args.samples:,} x {args.features:,} ({row['nonzeros']:,} "
-                      f"non-zeros): {row['seconds']:8.1f} s ({row['cpu_seconds']:.1f} s CPU), peak RSS {row['peak_rss_mib']:,.0f} MiB, of it "
+                      f"non-zeros): {row['seconds']:8.1f} s ({row['cpu_seconds']:.1f} s CPU), peak RSS "
+                      f"{row['peak_rss_mib']:,.0f} MiB, of it "
                       f"anonymous {row['peak_anonymous_rss_mib']:,.0f} MiB (table + tree alone "
                       f"{row['rss_before_mib']:,.0f} MiB)", flush=True)
             if args.skbio:

@@ -155,7 +155,7 @@ def run_item(check: Check, spec, results: dict[str, Item], write, in_process: bo
             fn(check, item)
         except BudgetOut as exc:
             item.status, item.reason = "not run", f"budget: {exc}"
-        except Exception:  # an item's failure is its own, never the script's
+        except Exception:  # noqa: BLE001 - an item's failure is its own, never the script's
             item.failures.append(tail(traceback.format_exc()))
         if item.failures and item.status != "not run":
             item.status, item.reason = "fail", "; ".join(item.failures)
@@ -188,7 +188,8 @@ def markdown(report: dict) -> str:
     where = (f"{env['gpu']} ({env['gpu_memory_gib']} GiB), torch {env['torch']}, CUDA {env['cuda']}" if env.get("gpu")
              else f"no GPU: {env['device']}, torch {env.get('torch')}")
     lines = [f"GPU check on {where}: `{report['command']}` (commit {env.get('commit')}, {env.get('date')}, "
-             f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s budget{', quick sizes' if report['quick'] else ''})",
+             f"{report['elapsed_s']:.0f} s of a {report['budget_s']:.0f} s "
+             f"budget{', quick sizes' if report['quick'] else ''})",
              "", "| check | result | figures | s |", "|---|---|---|---|"]
     for item in report["items"]:
         reason = item["reason"] if item["status"] != "pass" else ""
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report["environment"] = environment(check)
-    except Exception:  # a broken CUDA install is itself a finding: the items say what fails
+    except Exception:  # noqa: BLE001 - a broken CUDA install is itself a finding: the items say what fails
         report["environment"]["error"] = tail(traceback.format_exc())
     print(f"[gpu_check] {report['environment']} | budget {args.budget_s:.0f} s | quick {args.quick}", flush=True)
     write_lock = threading.Lock()

@@ -122,9 +122,9 @@ def all_masked_encoder(check, item) -> None:
         item.summary = f"exit {rc}: no NaN (the fast path gave the all-padding rows finite values)"
 
 
-GPT_SCRIPT = '''"""A small GPT trained by a plain loop (scripts/gpu_check.py runs it under `debug-nan run`): token and position
-embeddings (whose backward on CUDA may add with atomics: not bit for bit reproducible), and at step 3 the logits
-divided by a temperature of 0 (the planted bug)."""
+GPT_SCRIPT = '''"""A small GPT trained by a plain loop (scripts/gpu_check.py runs it under `debug-nan run`): token and
+position embeddings (whose backward on CUDA may add with atomics: not bit for bit reproducible), and at step 3 the
+logits divided by a temperature of 0 (the planted bug)."""
 import sys
 
 import torch
@@ -288,7 +288,8 @@ def fsdp2_run(check, item) -> None:
     found = {**finding_of(report_of(broken)), "rank": first.get("rank"), "first_ranks": first.get("first_ranks")}
     item.figures = {"ranks": ranks, "backend": "nccl" if check.cuda else "gloo", "healthy_exit": healthy_exit,
                     "lr_exit": done.rc, **found}
-    item.expect(done.rc != 0 and found["step"] == 2 and found["phase"] == "forward" and found["rank"] in (found["first_ranks"] or [])
+    item.expect(done.rc != 0 and found["step"] == 2 and found["phase"] == "forward"
+                and found["rank"] in (found["first_ranks"] or [])
                 and (found["module"] or "").startswith("cascade_stages.") and found["cause"] == "overflow",
                 f"lr 1e30: exit {done.rc}, finding {found}: {tail_line(done.out)}")
     item.summary = (f"{ranks} rank(s), {item.figures['backend']}: healthy exit {healthy_exit}; lr 1e30 -> step "

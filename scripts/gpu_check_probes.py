@@ -123,7 +123,7 @@ def watch_syncs(check, item) -> None:
     for name, (step, micro) in rows.items():
         try:
             host, cuda = counted(step)
-        except Exception as exc:  # one entry point's failure leaves the others to be counted
+        except Exception as exc:  # noqa: BLE001 - one entry point's failure leaves the others to be counted
             item.expect(False, f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
         own_cuda = None if cuda is None else len(cuda) / (2 * micro) - (
@@ -244,7 +244,7 @@ def all_masked_sdpa(check, item) -> None:
             continue
         try:
             row = item.figures[backend] = masked_attention(backend, check)
-        except Exception as exc:  # one backend's failure leaves the other to run
+        except Exception as exc:  # noqa: BLE001 - one backend's failure leaves the other to run
             item.expect(False, f"{backend}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
         item.expect(any(backend in k for k in row["kernels"]), f"{backend}: the backend did not run ({row['kernels']})")

@@ -3,10 +3,11 @@
 # virtualenv/conda env when debug-nan and pytest are installed there, else ./.venv, which it creates with
 # scripts/setup.sh when it is missing. With no argument it runs both layers, tests/unit and tests/e2e, in one pytest
 # (pyproject.toml's testpaths), so that pytest-xdist balances them; arguments go to pytest: `bash scripts/test.sh
-# tests/unit` (or `-m "not e2e"`) runs only the fast unit layer, `bash scripts/test.sh tests/e2e/cli` one group of
-# the end-to-end layer. With pytest-xdist installed (the test extras) the tests run in one worker per core (many
-# end-to-end ones start Python processes of their own), each torch on one thread unless OMP_NUM_THREADS is set;
-# DEBUG_NAN_TEST_WORKERS=N sets the workers (1: in this process, no xdist).
+# tests/unit` (or `-m unit`) runs only the fast unit layer, `-m "e2e and not processes"` the end-to-end tests run in
+# this process, `-m processes` those whose subject is a process of its own, `tests/e2e/cli` one group. With
+# pytest-xdist installed (the test extras) the tests run in one worker per core (many end-to-end ones start Python
+# processes of their own), each torch on one thread unless OMP_NUM_THREADS is set; DEBUG_NAN_TEST_WORKERS=N sets the
+# workers (1: in this process, no xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ready() { "$1" -c "import debug_nan, torch, pytest" 2>/dev/null; }

@@ -6,6 +6,7 @@ what both import lives in tests/support."""
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,10 +14,10 @@ import pytest
 
 from debug_nan.aam.data.synthetic import synthesize
 from tests.support import REPO, SUPPORT
-from tests.support.warm import python
 
 TINY = str(REPO / "configs" / "tiny.toml")
 SCENARIOS = SUPPORT / "scenarios.py"
+UNIT = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_configure(config):
@@ -27,6 +28,13 @@ def pytest_configure(config):
         config.debug_nan_config = tempfile.mkdtemp(prefix="debug-nan-test-config-")
         os.environ["XDG_CONFIG_HOME"] = config.debug_nan_config
         os.environ.pop("DEBUG_NAN_BUNDLE_KEY", None)
+
+
+def pytest_collection_modifyitems(items):
+    """tests/unit: the unit layer (tests/e2e/conftest.py marks its own)."""
+    for item in items:
+        if UNIT in item.path.parents:
+            item.add_marker(pytest.mark.unit)
 
 
 def pytest_unconfigure(config):
@@ -61,6 +69,6 @@ def tiny_data():
 
 def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process."""
-    command = [python(), "-m", "debug_nan", *args]  # (first: python() may add to os.environ)
+    command = [sys.executable, "-m", "debug_nan", *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -131,7 +131,8 @@ def build_aam_task(s: RunSettings, log=print) -> Task:
     if data.n_samples < 2:  # no batch size can help: one sample never forms a UniFrac pair
         raise InputError(f"{data.source} holds {data.n_samples} sample(s){' after rarefying' if s.rarefy_depth else ''}"
                          f": the UniFrac target needs pairs of samples, so at least 2 are needed (a smaller "
-                         f"--batch-size cannot help). Add samples{' or lower --rarefy-depth' if s.rarefy_depth else ''}.")
+                         f"--batch-size cannot help). Add "
+                         f"samples{' or lower --rarefy-depth' if s.rarefy_depth else ''}.")
     if s.batch_size > data.n_samples:
         raise InputError(f"--batch-size {s.batch_size} is larger than the {data.n_samples} samples of "
                          f"{data.source}; lower --batch-size.")

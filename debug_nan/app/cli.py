@@ -141,7 +141,8 @@ def _report_in_argv(args: list[str]) -> tuple[str | None, int | None, bool]:
 def _argv_paths(args: list[str], skip: int | None = None) -> dict[str, str]:
     """Every existing path named on the command line (but the word at index `skip`: --report's own value), as
     inputs that no output may overwrite: the options were not parsed, or belong to the user's command."""
-    return {f"argument {a}": a for k, a in enumerate(args) if k != skip and not a.startswith("-") and os.path.lexists(a)}
+    return {f"argument {a}": a for k, a in enumerate(args)
+            if k != skip and not a.startswith("-") and os.path.lexists(a)}
 
 
 def usage_error(exc: click.ClickException, args: list[str]) -> None:
@@ -291,9 +292,9 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
     script. It runs in this process (its sys.argv, __main__, working directory and exit code as usual); the
     watch attaches to the optimizer it creates and the model that owns its parameters. On the first NaN/Inf the
     failing micro-batch is replayed in place under the op-level tracer, from the run's own state, and the command
-    is stopped (exit 1). A clean run exits with the command's own code. --checkpoint / --skip-batches do not apply: use your script's own.
-    Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py ARGS; the
-    ranks agree on every trip, each replays its own micro-batch, and they stop together."""
+    is stopped (exit 1). A clean run exits with the command's own code. --checkpoint / --skip-batches do not apply: use
+    your script's own. Under torchrun (a DDP script): torchrun --nproc_per_node=N -m debug_nan run [OPTIONS] -- train.py
+    ARGS; the ranks agree on every trip, each replays its own micro-batch, and they stop together."""
     report, log_path, plot = paths.absolute(report), paths.absolute(log_path), paths.absolute(plot)  # it may chdir
     tensorboard = paths.absolute(tensorboard)
     bundle_dir = paths.absolute(bundle_dir or (os.path.dirname(report) if report else ".")) if bundle else None

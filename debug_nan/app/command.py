@@ -185,10 +185,10 @@ def _run_main_of_folder() -> None:
     finds it (runpy's own steps, without the sys.argv[0] that runpy.run_path sets)."""
     saved = sys.modules.get("__main__")
     try:
-        _, spec, code = runpy._get_main_module_details()  # noqa: SLF001 - what `python app/` runs
+        _, spec, code = runpy._get_main_module_details()  # what `python app/` runs
         module = type(sys)("__main__")
         sys.modules["__main__"] = module
         _FINISHED.append(module)
-        runpy._run_code(code, module.__dict__, None, "__main__", spec)  # noqa: SLF001
+        runpy._run_code(code, module.__dict__, None, "__main__", spec)
     finally:
         sys.modules["__main__"] = saved

@@ -147,7 +147,7 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
         distributed.agree_on_setup(ctx, device, failure)  # raises on every rank when any rank failed
     try:
         trainer = Trainer(task, s, log, device, ctx)
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - under torchrun every rank must hear of it
+    except (Exception, KeyboardInterrupt) as exc:  # under torchrun every rank must hear of it
         if ctx is None or isinstance(exc, distributed.SetupFailedOnARank):
             raise
         # the ranks that got through wait in the Trainer's setup agreement, before DDP's first collective

@@ -4,7 +4,8 @@ The rule, in two halves:
 - at the start, every output path is made absolute against the starting working directory (a script that
   `os.chdir`s does not move them), and an output path that already exists must be a file debug-nan may replace:
   empty, or an earlier debug-nan output (a JSON report with a `debug_nan` key, a log whose first line is
-  debug-nan's, a --plot PNG whose Software is debug-nan). Anything else (the script, a module it imports, a data file) is refused: exit 2.
+  debug-nan's, a --plot PNG whose Software is debug-nan). Anything else (the script, a module it imports, a data
+  file) is refused: exit 2.
 - at the end, an output path that the command opened (any `open` while it ran, read or write, seen through an
   audit hook) or imported (the `__file__` of every module in sys.modules, the script itself) is not written
   over: the output goes to `NAME.debug-nan.SUFFIX` beside it instead, and the log says so.

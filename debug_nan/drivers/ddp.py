@@ -1,8 +1,8 @@
 """Multi-process runs the framework drives (Lightning's DDP strategies, HF Trainer under torchrun / accelerate).
 
 Every micro-batch the ranks agree on a trip with the watch's own all-reduce of phase codes (the CLI's, folded into
-the one host sync, decided by engine/session/agreement.py as in the CLI), so all ranks stop at the same micro-batch. Unlike
-the CLI, the framework all-reduces the gradients inside the last micro-batch's backward: a NaN born in rank 1's
+the one host sync, decided by engine/session/agreement.py as in the CLI), so all ranks stop at the same micro-batch.
+Unlike the CLI, the framework all-reduces the gradients inside the last micro-batch's backward: a NaN born in rank 1's
 backward shows on every rank, so every rank that saw the earliest phase replays its own micro-batch and the first
 whose replay names an op is reported.
 

@@ -104,9 +104,8 @@ class Outputs:
 
 class CallbackOutcome:
     """What a framework callback answers after training: `.finding` (the first Finding or None) and `.status`
-    ("clean" | "nonfinite" | "error"), from its `monitor` and `outputs`."""
+    ("clean" | "nonfinite" | "error"), from its `driver` and `outputs`."""
 
-    monitor = None
     outputs: Outputs
 
     @property

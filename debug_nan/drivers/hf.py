@@ -124,7 +124,7 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
         self.task, self.explosion = task, (explosion_threshold, explosion_growth)
         self.snapshot_every = snapshot_every  # copy the state every N steps (None: engine/session/copies.py chooses)
-        self.outputs_every = outputs_every  # measure module outputs every N steps (None: engine/session/output_schedule.py)
+        self.outputs_every = outputs_every  # measure module outputs every N steps (None: session/output_schedule.py)
         self.driver: HFDriver | None = None
         self.outside: ForwardsOutsideTraining | None = None
         self._first = True

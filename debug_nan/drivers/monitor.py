@@ -19,8 +19,8 @@ the JSON report's `first_nonfinite`). A parameter that the optimizer step made n
 `step()` (the optimizer's step hook tells the monitor when you stepped), and the optimizer step is replayed to find
 the op. After a step's last micro-batch the gradient norms are checked for an explosion, as in the CLI.
 
-The protocol is the CLI's step session (engine/session/session.py): the same checks and decisions. Tell the monitor what your
-loop does, so that its replay does it too:
+The protocol is the CLI's step session (engine/session/session.py): the same checks and decisions. Tell the monitor what
+your loop does, so that its replay does it too:
     accumulation_steps=N   you back-propagate loss / N for N micro-batches (one step() block each), then step
     scaler=GradScaler      you back-propagate scaler.scale(loss) and step through scaler.step(optimizer)
     max_grad_norm=X        you clip the total gradient norm to X before the optimizer step
@@ -167,7 +167,7 @@ class Monitor:
             self.watch.enabled = False
             self.watch.discard()
             raise
-        except Exception as exc:  # the user's own NaN check raising is a trip too
+        except Exception as exc:  # noqa: BLE001 - the user's own NaN check raising is a trip too
             error = exc
         try:
             finding = session.end(last, error)

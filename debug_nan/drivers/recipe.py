@@ -83,7 +83,7 @@ def build_recipe(task, settings, params: list[torch.nn.Parameter], log) -> Recip
 def _call(task, what: str, fn, arg):
     try:
         return fn(arg)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the task's own code: any failure is its, in one line
         raise InputError(f"--task {task.spec or task.name}: {what} raised {describe_exception(exc)}.") from None
 
 

@@ -1,6 +1,6 @@
 """The engine: detect, replay, explain. No file I/O, no training loop, no printing; every entry point drives it.
 
-Stages, each a sub-package importing only the ones before it (tests/test_layers.py checks it):
+Stages, each a sub-package importing only the ones before it (tests/unit/test_layers.py checks it):
 
     vocabulary.py, stats.py  the words every stage shares (CheckKind, Phase, Cause, dialects); tensor helpers
     watch/    on-device checks of each micro-batch (loss, gradients, parameters, optimizer state, buffers, module

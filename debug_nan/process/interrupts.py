@@ -3,8 +3,8 @@
 The handler raises KeyboardInterrupt("SIGTERM"), so every path that handles Ctrl-C (the loop's partial summary,
 the runner's report) handles SIGTERM too (in the user's own command under `debug-nan run`: `raising`); an
 interrupt that lands inside an import waits for its end. The exit code is 128 + the signal: 130 for Ctrl-C, 143
-for SIGTERM, 129 for a hang-up under torchrun (process/streams.py: a single process goes on after SIGHUP, as nohup would).
-No torch here (the cli installs it first thing).
+for SIGTERM, 129 for a hang-up under torchrun (process/streams.py: a single process goes on after SIGHUP, as nohup
+would). No torch here (the cli installs it first thing).
 """
 
 from __future__ import annotations

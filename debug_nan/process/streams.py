@@ -99,7 +99,7 @@ def _reopen_closed_fds() -> None:
             setattr(sys, name, io.TextIOWrapper(open(fd, "wb", closefd=False), line_buffering=True))
 
 
-def _on_hangup(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+def _on_hangup(signum, frame) -> None:  # the signal module's signature
     """The terminal went away: keep running (as nohup would) with the terminal's streams on /dev/null."""
     _hangups.append(signum)
     for fd in sorted(_terminal_fds):

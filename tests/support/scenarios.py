@@ -157,7 +157,8 @@ class Wide(nn.Module):
 
 
 def fp16_overflow():
-    """Activations of ~100 times weights of 30 summed over 64 inputs: beyond float16's 65504. Run with --precision fp16."""
+    """Activations of ~100 times weights of 30 summed over 64 inputs: beyond float16's 65504. Run with --precision
+    fp16."""
     torch.manual_seed(0)
     model = Wide()
     with torch.no_grad():

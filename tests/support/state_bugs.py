@@ -150,9 +150,9 @@ def conv_overflow_into_batch_norm():
 
 
 def conv_overflow_into_batch_norm_fp16():
-    """The thread as it happened, under fp16 autocast: a sample of constant 3e4 (fp16 holds it) makes the fp16 convolution exceed
-    65504; BatchNorm (run in float32 by autocast) gets the Inf and writes NaN into its running statistics, a step
-    GradScaler would silently skip. Expected (--precision fp16): step 2, forward, module `0`,
+    """The thread as it happened, under fp16 autocast: a sample of constant 3e4 (fp16 holds it) makes the fp16
+    convolution exceed 65504; BatchNorm (run in float32 by autocast) gets the Inf and writes NaN into its running
+    statistics, a step GradScaler would silently skip. Expected (--precision fp16): step 2, forward, module `0`,
     aten.convolution.default, inf, overflow (float64 gives about 8.8e4: beyond fp16, not a pole)."""
     return _conv_bn(3e4, normalise=False)
 
@@ -212,8 +212,9 @@ def poly_lr_clamped():
 #    restarting from the last checkpoint, answered with "reduce the learning rate") -----------------------------
 def resumed_model():
     """Resumed with --checkpoint from a file whose `0.weight` (or Adam's exp_avg_sq of it) holds NaN, written by
-    the run that saved it: nothing in the resumed run writes it, so no learning rate can be the cause. Expected: step (checkpoint step + 1), the named tensor, nonfinite_parameter, the
-    explanation naming the checkpoint; no "lower the learning rate"."""
+    the run that saved it: nothing in the resumed run writes it, so no learning rate can be the cause. Expected: step
+    (checkpoint step + 1), the named tensor, nonfinite_parameter, the explanation naming the checkpoint; no "lower the
+    learning rate"."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, 1), nn.Flatten(0))
     return SimpleNamespace(

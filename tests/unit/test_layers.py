@@ -99,7 +99,8 @@ def imports() -> list[tuple[str, str, bool, int]]:
 def test_the_walk_sees_the_package():
     found = imports()
     assert len({i for i, _, _, _ in found}) > 30
-    assert ("debug_nan.engine.session.session", "debug_nan.engine.replay.pinpoint", False) in {(i, t, z) for i, t, z, _ in found}
+    assert ("debug_nan.engine.session.session", "debug_nan.engine.replay.pinpoint", False) in {
+        (i, t, z) for i, t, z, _ in found}
 
 
 def test_no_upward_import():
@@ -151,9 +152,12 @@ def test_no_import_cycle():
             assert cycle is None, " -> ".join(cycle)
 
 
+HUGE_FILE_LINES = 800  # a guideline, not a cap: files are split by meaning; only one this long surely holds several
+
+
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_file_over_350_lines(path):
-    assert len(path.read_text().splitlines()) <= 360, "split it: one responsibility per file"
+def test_no_file_is_huge(path):
+    assert len(path.read_text().splitlines()) <= HUGE_FILE_LINES, "split it by meaning: one responsibility per file"
 
 
 def test_only_the_built_in_task_reads_its_settings():

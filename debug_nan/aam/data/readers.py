@@ -41,7 +41,8 @@ def check_input_file(path: str | Path, what: str, option: str = "") -> Path:
             raise InputError(f"{what} does not exist.") from None
         raise InputError(f"{what} cannot be read ({exc.strerror or exc}).") from None
     if stat.S_ISDIR(mode):
-        inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".biom")[:3] if os.access(path, os.R_OK) else []
+        inside = (sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".biom")[:3]
+                  if os.access(path, os.R_OK) else [])
         hint = f" It holds {some(inside)}: pass that file." if inside else " Pass the file itself."
         raise InputError(f"{what} is a directory, not a file.{hint}")
     if not stat.S_ISREG(mode):
@@ -83,7 +84,7 @@ def load_biom(path: str | Path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             table = biom.load_table(str(path))
-    except Exception as exc:  # biom raises many kinds of errors for corrupt files
+    except Exception as exc:  # noqa: BLE001 - biom raises many kinds of errors for corrupt files
         raise InputError(_biom_failure(path, exc)) from None
     if table.shape[0] == 0 or table.shape[1] == 0:
         head = path.read_bytes()[:8]
@@ -147,7 +148,7 @@ def _raise_json_counts(path: Path, text: str) -> None:
         return
     try:
         table = biom.Table.from_json(parsed)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a closer look only: the table's own error is said anyway
         return
     import scipy.sparse as sp
 
@@ -168,7 +169,7 @@ def _raise_duplicate_ids(path: Path, data: bytes) -> None:
             parsed = _tolerant_json(data.decode("utf-8", "replace")) or {}
             ids["sample"] = [str(c.get("id")) for c in parsed.get("columns", [])]
             ids["observation"] = [str(r.get("id")) for r in parsed.get("rows", [])]
-    except Exception:
+    except Exception:  # noqa: BLE001 - a closer look only: the table's own error is said anyway
         return
     for axis, fix in (("sample", "merge them (`qiime feature-table merge`, `biom` collapse) or rename them."),
                       ("observation", "merge those features (e.g. sum their counts) or rename them.")):
@@ -189,7 +190,7 @@ def load_tree(path: str | Path):
         with warnings.catch_warnings():  # scikit-bio warns about the format before it raises; we explain instead
             warnings.simplefilter("ignore")
             tree = skbio.TreeNode.read(io.StringIO(text), format="newick")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - scikit-bio raises many kinds of errors for a bad tree
         raise InputError(f"Tree {path} is not a readable Newick tree: {_newick_problem(text, exc)}") from None
     if tree.count(tips=True) == 0:
         raise InputError(f"Tree {path} has no tips.")

@@ -108,7 +108,7 @@ def unifrac_targets(counts: sp.csr_matrix, feature_ids: list[str], sample_ids: l
         log(f"Computing UniFrac ({metric}) with {name}: {n:,} samples x {counts.shape[1]:,} features...")
         try:
             dist = unifrac_striped(counts, list(feature_ids), list(sample_ids), tree, metric)
-        except Exception as exc:  # a third-party C++ engine: any failure falls back to the built-in one
+        except Exception as exc:  # noqa: BLE001 - a third-party C++ engine: any failure falls back to the built-in one
             if engine == "striped":
                 raise InputError(f"Striped UniFrac failed ({type(exc).__name__}: {exc}).") from None
             log(f"Striped UniFrac failed ({type(exc).__name__}: {exc}); using {BUILTIN} instead.")

@@ -17,8 +17,8 @@ import scipy.sparse as sp
 def striped_version() -> str | None:
     """The installed unifrac package's version, or None when it cannot be imported."""
     try:
-        import unifrac  # noqa: F401
-    except Exception:  # an installed package whose C library is missing raises ImportError/OSError
+        import unifrac
+    except Exception:  # noqa: BLE001 - an installed package whose C library is missing raises ImportError/OSError
         return None
     from importlib.metadata import PackageNotFoundError, version
 

@@ -14,7 +14,6 @@ import scipy.sparse as sp
 
 from debug_nan.errors import InputError
 
-GAPS = "-."
 AMBIGUOUS = "NRYSWKMBDHVnryswkmbdhv"  # IUPAC codes that stand for more than one base
 # more than this share of branches without a length is not "a few": the distances would mostly be made up
 MAX_SHARE_MISSING_LENGTHS = 0.5
@@ -44,7 +43,8 @@ def check_unique_ids(ids, what: str, where: str, fix: str) -> None:
     if dup:
         shown = ", ".join(f"{i[:40]!r} ({c} times)" for i, c in list(dup.items())[:3])
         more = f" and {len(dup) - 3} more" if len(dup) > 3 else ""
-        raise InputError(f"{where} has {counted(len(dup), 'duplicate ' + what)}: {shown}{more}. Every ID must be unique "
+        raise InputError(f"{where} has {counted(len(dup), 'duplicate ' + what)}: {shown}{more}. Every ID must be "
+                         "unique "
                          f"(biom-format, scikit-bio and QIIME 2 refuse duplicates); {fix}")
 
 
@@ -78,7 +78,8 @@ def check_counts(counts: sp.csr_matrix, sample_ids: list[str], asv_ids: list[str
             f"centered or log-ratio transformed table (CLR) is not a count table: pass the raw feature table.")
     fractional = data != np.rint(data)
     if fractional.any():
-        return [f"NOTICE: BIOM table {path} holds fractional counts ({_entries(counts, fractional, sample_ids, asv_ids)})"
+        return [f"NOTICE: BIOM table {path} holds fractional counts "
+                f"({_entries(counts, fractional, sample_ids, asv_ids)})"
                 f", as a relative-frequency table does: accepted. Unweighted UniFrac uses only presence/absence, so "
                 f"the values do not change it; weighted UniFrac uses each sample's proportions."]
     return []
@@ -157,7 +158,8 @@ def check_sequences(ids: list[str], sequences: list[str], source) -> None:
     """Empty sequences, alignment gaps and sequences made only of ambiguous bases (N, R, Y, ...) raise."""
     empty = [i for i, s in zip(ids, sequences) if not s]
     if empty:
-        raise InputError(f"{source}: {counted(len(empty), 'ASV')} with an empty sequence: {some(empty)}. Every ASV needs its "
+        raise InputError(f"{source}: {counted(len(empty), 'ASV')} with an empty sequence: {some(empty)}. Every ASV "
+                         "needs its "
                          f"DNA sequence (QIIME 2 refuses empty sequences); remove those features or fix the file.")
     gapped = [i for i, s in zip(ids, sequences) if "-" in s or "." in s]
     if gapped:

@@ -1,5 +1,5 @@
-"""The watch in the user's own run: the step session (engine/session/session.py) driven by the global hooks, replaying in
-place.
+"""The watch in the user's own run: the step session (engine/session/session.py) driven by the global hooks, replaying
+in place.
 
 The run's driver of the session, and the pinpointer's StepDriver: the loss code between the model's forward and the
 backward is the script's, so a micro-batch is replayed from its tape (drivers/run/tape.py: the script's torch calls

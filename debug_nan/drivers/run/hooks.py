@@ -11,8 +11,8 @@ What they see, and how a run is cut into steps and micro-batches:
   * a step closes when the optimizer steps (torch's global optimizer step post-hook), or when a GradScaler skips
     it (its update() with no step since the last one).
 The listener (the watch) gets those events with the step (1-based: optimizer steps taken + 1) and the micro-batch
-within it (1-based), and the tapes (drivers/run/tape.py) of the script's own code: a micro-batch's, from its first forward
-to its backward, and the update's, from the last backward to the optimizer step. Nothing here reads a tensor's
+within it (1-based), and the tapes (drivers/run/tape.py) of the script's own code: a micro-batch's, from its first
+forward to its backward, and the update's, from the last backward to the optimizer step. Nothing here reads a tensor's
 values: the hot path is one Python check per model call and per backward, and a recorded call per torch call made
 outside the model's forward and the optimizer step.
 """

@@ -321,7 +321,8 @@ class Tape:
 
 
 def batch_form(args: tuple, kwargs: dict) -> str:
-    """How a forward's arguments became one batch (model_calls.batch_of), to give them back to the model the same way."""
+    """How a forward's arguments became one batch (model_calls.batch_of), to give them back to the model the same
+    way."""
     if kwargs and not args:
         return "kwargs"
     if not kwargs:

@@ -209,7 +209,7 @@ def restore(path: str, model: torch.nn.Module, optimizer, scheduler, scaler, *, 
             out = task_loader(path, model, optimizer)
         except InputError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the task's own code: any failure is its, in one line
             raise InputError(f"--checkpoint {path}: the task's load_checkpoint(path, model, optimizer) raised "
                              f"{describe_exception(exc)}.") from None
         step = out.get("step", out.get("global_step")) if isinstance(out, dict) else out

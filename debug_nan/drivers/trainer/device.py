@@ -21,7 +21,8 @@ def resolve_device(spec: str, log) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise InputError(f"--device {spec}: this machine has no usable CUDA device (torch "
-                             f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Use --device cpu or auto.")
+                             f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Use --device cpu or "
+                             "auto.")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise InputError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
     elif device.type != "cpu":

@@ -109,7 +109,7 @@ class EvalPass:
         exception the eval function raised)."""
         try:
             named = self.evaluate(batch)
-        except Exception as exc:  # noqa: BLE001 - user code raising mid-pass: replayed like a trip
+        except Exception as exc:  # user code raising mid-pass: replayed like a trip
             if is_out_of_memory(exc):
                 raise
             return None, exc

@@ -241,7 +241,8 @@ class Trainer:
         session = self.session
         last = micro == self.accumulation_steps
         error = abort = grad_norms = None
-        # DDP's own reducer stays idle (no_sync): on the last micro-batch drivers/trainer/overlap.py averages the gradients
+        # DDP's own reducer stays idle (no_sync): on the last micro-batch drivers/trainer/overlap.py averages the
+        # gradients
         reducer = self.reducer if last else None
         no_sync = self.wrapped.no_sync() if self.dist is not None and not self.sharded else nullcontext()
         if reducer is not None:

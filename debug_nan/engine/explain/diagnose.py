@@ -133,7 +133,8 @@ def _pre_existing(event: OpEvent) -> tuple[str, str]:
         counts = f" {list(t.shape)} holds {s.nan} NaN, {s.posinf} +Inf and {s.neginf} -Inf of {s.numel} values"
     where = f" (first used at {event.source})" if event.source else ""
     if event.phase == Phase.DATA:
-        return Cause.NONFINITE_INPUT, (f"The batch itself is non-finite before the model sees it: {event.label}{counts}, "
+        return Cause.NONFINITE_INPUT, (f"The batch itself is non-finite before the model sees it: "
+                                       f"{event.label}{counts}, "
                                    f"and that value reached the harm.")
     if event.label.startswith(("parameter", "buffer")) or event.phase == Phase.OPTIMIZER:
         return Cause.NONFINITE_PARAMETER, (f"{event.label}{counts} was already non-finite when this micro-batch began "

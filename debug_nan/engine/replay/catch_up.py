@@ -2,8 +2,8 @@
 re-running steps M..N-1 exactly as the run took them, then checking the result against the run's own reading.
 
 Why: copying the parameters and optimizer state before every step costs as much memory traffic as an Adam step
-(7-8% of a GPT-2-like CPU step). The session saves the copy only every few steps (engine/session/session.py) and, for the
-one trip that needs the state before an EARLIER step (an optimizer update that made a parameter non-finite, seen at
+(7-8% of a GPT-2-like CPU step). The session saves the copy only every few steps (engine/session/session.py) and, for
+the one trip that needs the state before an EARLIER step (an optimizer update that made a parameter non-finite, seen at
 the next step's first sync), re-runs the steps since the copy here. A trip in a forward or backward needs no
 re-run: mid-step the live parameters and optimizer state are the step's own, and the session copies them then.
 

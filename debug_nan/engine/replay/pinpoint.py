@@ -190,7 +190,7 @@ class Pinpointer:
                         tracer.mark(t, path, "data")
                     try:
                         replay_loss(d, batch, inputs.tape(micro - 1))
-                    except Exception as exc:  # noqa: BLE001 - the run's own micro-batch raised nothing
+                    except Exception as exc:  # the run's own micro-batch raised nothing
                         if is_out_of_memory(exc):
                             raise
                     origins = {c.name: tracer.origin_of(d.model.get_buffer(c.name)) for c in new}
@@ -224,7 +224,7 @@ class Pinpointer:
                 self._rerun(inputs, micro, scaled=False)
                 grads = [p.grad.detach() for p in d.model.parameters() if p.grad is not None]
                 return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
-        except Exception as exc:  # noqa: BLE001 - anything odd here is for the op-level replay to explain
+        except Exception as exc:  # anything odd here is for the op-level replay to explain
             if is_out_of_memory(exc):
                 raise
             return False
@@ -258,7 +258,7 @@ class Pinpointer:
                 tracer, event, replay_exc, _ = self.replay(inputs, micro, optimizer)
         except NotReplayable as why:
             return not_replayable_finding(self.driver, inputs, micro, check, error, why)
-        except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is answered here
+        except Exception as exc:  # only an out-of-memory error is answered here
             if not is_out_of_memory(exc):
                 raise
             return out_of_memory_finding(self.driver, inputs, micro, check, error, exc)
@@ -319,7 +319,7 @@ class Pinpointer:
                 tracer.mark(t, path, "data")
             try:
                 harmed = [t for _, t in evaluate(batch)]
-            except Exception as e:  # noqa: BLE001 - the same exception as in the pass, usually
+            except Exception as e:  # the same exception as in the pass, usually
                 if is_out_of_memory(e):
                     raise
                 exc = e

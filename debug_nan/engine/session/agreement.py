@@ -4,8 +4,9 @@ watch's one sync per micro-batch.
 The earliest phase wins. Every rank that saw it replays its own micro-batch (no collectives during the replay:
 where a framework averages the gradients inside the backward, every rank sees a NaN born on one), and the first
 whose replay named an op is the one reported; its finding is broadcast. An optimizer-phase trip is re-run by every
-rank (the gradient averaging of the replay needs them all) and traced by the first. A rank that has to stop for a non-numerical reason (bad input, out of memory, Ctrl-C) makes every rank
-stop with its message and exit code, so no rank is ever left waiting in a collective.
+rank (the gradient averaging of the replay needs them all) and traced by the first. A rank that has to stop for a
+non-numerical reason (bad input, out of memory, Ctrl-C) makes every rank stop with its message and exit code, so no rank
+is ever left waiting in a collective.
 """
 
 from __future__ import annotations

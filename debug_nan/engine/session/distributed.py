@@ -8,9 +8,9 @@ rank(s) saw the non-finite value first (the earliest phase wins). That rank repl
 collectives; the finding is broadcast, and rank 0 writes the log and the report.
 
 To be deadlock-free whatever user code does, DDP's own reducer stays idle (every backward runs under no_sync(),
-and DDP does not broadcast buffers in forward). The gradients are averaged by drivers/trainer/overlap.py during the backward
-of each step's last micro-batch, as DDP would, with a fixed set of bucket all-reduces that every rank issues in the
-same order even when its forward or backward raised; then comes the agreement. `average_gradients` below is the
+and DDP does not broadcast buffers in forward). The gradients are averaged by drivers/trainer/overlap.py during the
+backward of each step's last micro-batch, as DDP would, with a fixed set of bucket all-reduces that every rank issues in
+the same order even when its forward or backward raised; then comes the agreement. `average_gradients` below is the
 plain, end-of-step averaging that an optimizer-phase replay uses.
 """
 

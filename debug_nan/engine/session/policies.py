@@ -26,10 +26,12 @@ class SessionPolicies:
     # "api" (the Monitor, debug-nan run), "lightning" or "hf"
     snapshot_mode: str = "host"
     snapshot_every: int | None = None  # copy the state every N steps; None: as often as costs at most 0.5% of
-    # a step, measured on the CPU (engine/session/copies.py); every step on CUDA (the copy overlaps the step) and under DDP
+    # a step, measured on the CPU (engine/session/copies.py); every step on CUDA (the copy overlaps the step) and
+    # under DDP
     scheduler: object | None = None  # restored by a replay with the rest of the state
     outputs_every: int | None = None  # measure module outputs every N steps; None: every step up to step 16, then
-    # as often as costs at most 0.5% of a step, measured on the CPU (engine/session/output_schedule.py); every step on CUDA
+    # as often as costs at most 0.5% of a step, measured on the CPU (engine/session/output_schedule.py); every step
+    # on CUDA
 
     @classmethod
     def from_settings(cls, s: RunSettings, dialect: str, *, scaler=None, agreement: RankAgreement | None = None,

@@ -1,5 +1,6 @@
 """Findings of a trip that the op-level replay could not name: interrupted (Ctrl-C / SIGTERM during the replay)
-or impossible (--snapshot off: no state to replay from; --snapshot params: no optimizer state). The watch's check stands, without the op."""
+or impossible (--snapshot off: no state to replay from; --snapshot params: no optimizer state). The watch's check
+stands, without the op."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def _floating(t) -> bool:
 class BufferWatch:
     def __init__(self, model: nn.Module):
         self._slots = [(m, key, f"{name}.{key}" if name else key) for name, m in model.named_modules()
-                       for key in m._buffers]  # noqa: SLF001 - buffers by slot: a re-assigned one is followed
+                       for key in m._buffers]  # buffers by slot: a re-assigned one is followed
         self._previous: dict[str, bool] | None = None  # name -> non-finite at the previous sync
         self._start = self._norms()  # (names, device norms) when the watch began: read at the first sync
 
@@ -36,7 +36,7 @@ class BufferWatch:
         return bool(self._slots)
 
     def _norms(self) -> tuple[list[str], list[torch.Tensor]]:
-        named = [(name, m._buffers[key]) for m, key, name in self._slots if _floating(m._buffers[key])]  # noqa: SLF001
+        named = [(name, m._buffers[key]) for m, key, name in self._slots if _floating(m._buffers[key])]
         if not named:
             return [], []
         with torch.no_grad():

@@ -94,7 +94,8 @@ class NonfiniteSeries:
 
 @dataclass
 class MeasuredSteps:
-    """The steps whose module outputs the watch measured (all of them unless engine/session/output_schedule.py thins them)."""
+    """The steps whose module outputs the watch measured (all of them unless engine/session/output_schedule.py thins
+    them)."""
 
     count: int = 0
     first: int | None = None
@@ -167,7 +168,8 @@ class History:
             rec.parts[name] = rec.parts.get(name, 0.0) + value
         # a series goes on from the step checked before: the last step for a batch key, the last step whose
         # outputs were measured for a module output
-        for where, kind, previous in (("batch key", CheckKind.DATA, rec.step - 1), ("output", CheckKind.FORWARD, self.measured.previous)):
+        for where, kind, previous in (("batch key", CheckKind.DATA, rec.step - 1),
+                                      ("output", CheckKind.FORWARD, self.measured.previous)):
             for check in result.nonfinite(kind):
                 series = self.nonfinite.setdefault((where, check.name), NonfiniteSeries(where, check.name))
                 series.add(rec.step, check.nonfinite, previous)

@@ -24,13 +24,6 @@ import torch
 
 # sys.audit(event, *args) returns None, takes any arguments and does nothing unless an audit hook listens
 LEFT_BEHIND = "debug_nan.hook_of_a_copy"
-
-
-def left_behind() -> functools.partial:
-    """What a copy of a debug-nan hook is: a no-op any Python can load."""
-    return functools.partial(sys.audit, LEFT_BEHIND)
-
-
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
 _HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
@@ -68,7 +61,8 @@ def _without_our_hooks(state):
 
 
 class ModuleHook:
-    """A forward (pre-)hook callable for a user's module: calls `call`; deep-copies and pickles as left_behind()."""
+    """A forward (pre-)hook callable for a user's module: calls `call`; a deep copy or a pickle of it is a no-op
+    any Python can load (`sys.audit(LEFT_BEHIND)`)."""
 
     __slots__ = ("call",)
 

@@ -31,8 +31,8 @@ def l2_norms(tensors: list[torch.Tensor], exact: bool = True) -> list[torch.Tens
 
 def state_sums(tensors: list[torch.Tensor], plan: list[int] | None = None) -> list[torch.Tensor]:
     """One 0-d value per tensor that is non-finite when an element is: the parameters and optimizer state after an
-    update (finiteness, and the reading a re-run is checked against: engine/replay/catch_up.py). On the CPU each tensor of BIG
-    elements or more is summed alone: CPU `_foreach_norm` loops over the list on ONE thread, a sum uses them all
+    update (finiteness, and the reading a re-run is checked against: engine/replay/catch_up.py). On the CPU each tensor
+    of BIG elements or more is summed alone: CPU `_foreach_norm` loops over the list on ONE thread, a sum uses them all
     (3 x 17M floats of GPT-2-like AdamW state: 20 ms as norms, 10 ms as sums, 2 threads). The rest, and every
     tensor on a GPU (one fused kernel there), go through l2_norms. A sum can overflow with finite elements (as a
     norm can): the watch's second look settles any non-finite value. `plan`: sum_plan(tensors), kept by a caller

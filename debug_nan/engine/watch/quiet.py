@@ -67,4 +67,5 @@ def scaler_skips(history: History) -> str | None:
         else:
             runs.append([step])
     where = ", ".join(_steps(run) for run in runs)
-    return f"{len(skipped)} of {len(steps)} step(s) skipped by the GradScaler (steps {where}): the loss scale's overflow"
+    return (f"{len(skipped)} of {len(steps)} step(s) skipped by the GradScaler (steps {where}): the loss scale's "
+            "overflow")

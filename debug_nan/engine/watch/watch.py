@@ -343,5 +343,5 @@ class Watch:
                                  for _, _, t in todo]).tolist()
         for (seg, i, _), peak in zip(todo, peaks):
             seg.nonfinite[i] = not np.isfinite(peak)
-            if seg.kind == CheckKind.PARAM and np.isinf(peak):  # +Inf and -Inf elements summed to NaN: no NaN among them
+            if seg.kind == CheckKind.PARAM and np.isinf(peak):  # +Inf and -Inf summed to NaN: no NaN among them
                 seg.value[i] = peak

@@ -220,7 +220,8 @@ CASES = [
     Case("negative-count", with_count(-3.0), DATA_DIR, 2, "holds negative counts: 1 count in 1 sample"),
     Case("all-counts-zero", with_counts(lambda c: c * 0), DATA_DIR, 2, "is empty (72 observations x 24 samples, "
                                                                         "total count 0)"),
-    Case("no-samples", with_counts(lambda c: c[:0], sample_ids=[]), DATA_DIR, 2, "is empty (72 observations x 0 samples"),
+    Case("no-samples", with_counts(lambda c: c[:0], sample_ids=[]), DATA_DIR, 2,
+         "is empty (72 observations x 0 samples"),
     Case("fractional-counts-with-rarefy", with_counts(lambda c: c / 7), (*DATA_DIR, "--rarefy-depth", "5"), 2,
          "--rarefy-depth 5 needs integer read counts"),
     # IDs
@@ -230,7 +231,8 @@ CASES = [
     # tree
     Case("duplicate-tip-names", with_tree(_duplicate_tip), DATA_DIR, 2, "has 1 duplicate tip name:"),
     Case("negative-branch-length", with_tree(_first_tip_length(-0.25)), DATA_DIR, 2, "1 negative branch length:"),
-    Case("nan-branch-length", with_tree(_first_tip_length(float("nan"))), DATA_DIR, 2, "1 non-finite branch length (NaN or Inf)"),
+    Case("nan-branch-length", with_tree(_first_tip_length(float("nan"))), DATA_DIR, 2, "1 non-finite branch length "
+                                                                                       "(NaN or Inf)"),
     Case("all-branch-lengths-zero", with_tree(_set_lengths(0.0)), DATA_DIR, 2, "all 142 branch lengths are 0"),
     Case("no-branch-lengths", with_tree(_set_lengths(None)), DATA_DIR, 2, "has no branch lengths (a topology only"),
     Case("most-branch-lengths-missing", with_tree(_most_lengths_missing), DATA_DIR, 2,
@@ -257,7 +259,8 @@ CASES = [
     Case("fasta-is-a-fifo", fasta_fifo, (*DATA_DIR, "--sequences", "{d}/pipe"), 2,
          "is a FIFO, not a regular file"),
     Case("hashed-ids-without-fasta", hashed(_fasta), DATA_DIR, 2, "look like hashes, not DNA"),
-    Case("ids-with-gaps", renamed_ids(lambda s: s[:10] + "-" + s[10:]), DATA_DIR, 2, "(observation IDs): 72 ASV sequences with alignment gaps"),
+    Case("ids-with-gaps", renamed_ids(lambda s: s[:10] + "-" + s[10:]), DATA_DIR, 2, "(observation IDs): 72 ASV "
+                                                                                     "sequences with alignment gaps"),
     Case("ids-not-dna", renamed_ids(lambda s: "OTU_" + hashlib.md5(s.encode()).hexdigest()[:6]), DATA_DIR, 2,
          "contain characters that are not DNA"),
     # files and folders

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from tests.conftest import SCENARIOS, TINY, run_process
 
 
+@pytest.mark.processes
 def test_no_guards_bundle_replays_to_the_same_finding_in_a_fresh_process(run_cli, tmp_path):
     run = run_cli("--config", TINY, "--device", "cpu", "--no-guards", "--max-steps", "2")
     assert run.code == 1

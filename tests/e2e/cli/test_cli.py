@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from debug_nan.aam.data.writing import write_biom, write_tree
@@ -24,7 +25,7 @@ def test_tiny_synthetic_run_is_clean(run_cli):
     assert run.report["first_nonfinite"] is None
     assert "synthesized 24 samples" in run.output and "CLEAN" in run.output
     losses = [h["loss"] for h in run.report["history"]]
-    assert all(l > 0 for l in losses) and len(losses) == 3
+    assert all(loss > 0 for loss in losses) and len(losses) == 3
 
 
 def test_no_guards_reproduces_the_padding_nan(run_cli):
@@ -62,6 +63,7 @@ def test_biom_and_tree_written_by_a_test(run_cli, tiny_data, tmp_path):
     assert list(data_dir.iterdir()) and not list(data_dir.glob("*.npy"))
 
 
+@pytest.mark.processes
 def test_shipped_demo_data_in_a_fresh_process(tmp_path):
     proc = run_process("--config", TINY, "--data-dir", str(REPO / "data"), "--max-steps", "2", "--device", "cpu",
                        "--unifrac", "weighted", "--report", "r.json", cwd=tmp_path)

@@ -71,7 +71,8 @@ LIMITS = [
           _checkpoint(b"PK")),
     Limit("task-model-on-meta", ("--task", "meta.py:build", "--device", "cpu", "--max-steps", "1"), 2,
           "`model` is on the meta device", lambda d: (d / "meta.py").write_text(META_TASK)),
-    Limit("bundle-of-a-newer-format", ("replay", "{d}/b.pt"), 2, f"was written by a newer debug-nan (bundle version {BUNDLE_VERSION + 1}",
+    Limit("bundle-of-a-newer-format", ("replay", "{d}/b.pt"), 2, f"was written by a newer debug-nan (bundle version "
+                                                                 f"{BUNDLE_VERSION + 1}",
           _bundle(BUNDLE_VERSION + 1)),
     Limit("bundle-with-newer-settings", ("replay", "{d}/b.pt"), 2, "its settings zz_new_option are unknown",
           _bundle(zz_new_option=1)),

@@ -16,8 +16,9 @@ from tests.support import FAULT_TASKS
 def run_with_bundle(tmp_path) -> tuple[Path, dict]:
     task = tmp_path / "faults.py"
     task.write_text(FAULT_TASKS)
-    out = CliRunner().invoke(main, ["--task", f"{task}:log_of_negative_in_batch_2", "--device", "cpu", "--max-steps", "3",
-                                    "--report", str(tmp_path / "run.json"), "--bundle-dir", str(tmp_path)])
+    out = CliRunner().invoke(main, ["--task", f"{task}:log_of_negative_in_batch_2", "--device", "cpu",
+                                    "--max-steps", "3", "--report", str(tmp_path / "run.json"),
+                                    "--bundle-dir", str(tmp_path)])
     assert out.exit_code == 1, out.output
     first = json.loads((tmp_path / "run.json").read_text())["first_nonfinite"]
     return task, first

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from debug_nan.frames import TORCH_DIR
+
+pytestmark = pytest.mark.processes  # a fresh interpreter's imports are the subject
 
 
 def test_errors_and_frames_load_without_torch():

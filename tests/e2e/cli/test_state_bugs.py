@@ -141,7 +141,8 @@ def test_every_step_skipped_by_the_fp16_scaler_is_a_warning(run_cli):
     assert len(run.report["warnings"]) == 1 and "skipped every step (1..3)" in run.report["warnings"][0]
 
 
-@pytest.mark.parametrize("name, extra", [("completion_template_found", ()), ("scaler_mean_loss", ("--precision", "fp16"))])
+@pytest.mark.parametrize("name, extra", [("completion_template_found", ()),
+                                         ("scaler_mean_loss", ("--precision", "fp16"))])
 def test_fixed_versions_have_no_warning(run_cli, name, extra):
     run = run_cli(*task(name, "--max-steps", "4", *extra))
     assert run.code == 0 and run.report["warnings"] == [], run.output

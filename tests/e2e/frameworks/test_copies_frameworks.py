@@ -45,7 +45,8 @@ def via_hf(every, log, tmp_path):
         output_dir=str(tmp_path / f"hf{every}"), per_device_train_batch_size=parity.BATCH, max_steps=STEPS,
         max_grad_norm=0.0, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
         train_sampling_strategy="sequential", logging_steps=1000)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples, optimizers=(optimizer, poly(optimizer)))
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=samples,
+                                   optimizers=(optimizer, poly(optimizer)))
     callback = HFCallback(trainer, snapshot_every=every, log=str(log))
     trainer.add_callback(callback)
     trainer.train()

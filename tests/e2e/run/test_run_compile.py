@@ -6,8 +6,9 @@ import pytest
 from debug_nan.torch_support import compile_supported
 from tests.support.run.script_runs import alone, watched, write
 
-pytestmark = pytest.mark.skipif(not compile_supported(), reason="torch.compile needs torch >= 2.6 on Python 3.13 "
-                                "(torch_support.compile_supported)")
+pytestmark = [pytest.mark.skipif(not compile_supported(), reason="torch.compile needs torch >= 2.6 on Python 3.13 "
+                                 "(torch_support.compile_supported)"),
+              pytest.mark.processes]  # (dynamo's warnings go to the stderr of the process, logged from its start)
 
 COMPILED = """
     import torch

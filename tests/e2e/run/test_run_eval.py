@@ -124,7 +124,8 @@ def test_a_nan_only_in_validation_is_found_with_its_op(tmp_path, run_here):
     done, stdout, stderr = run_here("python", "script.py")
     assert done.code == 1, stderr
     f = done.report["findings"][0]
-    assert (f["phase"], f["step"], f["micro_step"], f["op"], f["kind"]) == ("eval", 3, 1, "aten._softmax.default", "nan")
+    assert (f["phase"], f["step"], f["micro_step"], f["op"], f["kind"]) == (
+        "eval", 3, 1, "aten._softmax.default", "nan")
     assert (f["cause"], f["source"], f["module_type"]) == ("all_masked_softmax", "script.py:18", "Attention")
     assert "Those rows belong to samples #2" in f["explanation"]
     assert f["explanation"].startswith("In a forward of the model outside training after step 3 (eval mode, "

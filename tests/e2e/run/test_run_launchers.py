@@ -36,6 +36,7 @@ def test_a_launcher_of_workers_is_refused_with_what_to_run_instead(tmp_path, run
     assert "starts the training in worker processes of its own" in said and instead in said
 
 
+@pytest.mark.processes
 def test_the_advised_accelerate_command_watches_the_worker(tmp_path):
     pytest.importorskip("accelerate")
     (tmp_path / "train.py").write_text(ACCELERATE)

@@ -13,6 +13,8 @@ import pytest
 from tests.support.run.side_by_side import TRAIN, env, plain, watched
 from tests.support.signals import handles, loaded
 
+pytestmark = pytest.mark.processes  # signals reach a process
+
 TERMINATED = """import os
 import signal
 import sys

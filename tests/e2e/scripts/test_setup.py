@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
+CPU_TORCH = "-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
 FAKE_PIP = r'''#!/usr/bin/env bash
 echo "pip $*" >> "$PIP_LOG"
 if [[ " $* " == *" --dry-run "* ]]; then
@@ -19,7 +20,8 @@ if [[ " $* " == *" --dry-run "* ]]; then
     report="${@: -2:1}"
     for a in "$@"; do if [[ "$prev" == --report ]]; then report="$a"; fi; prev="$a"; done
     if [[ "$FAKE_DEFAULT" == cuda ]]; then
-        printf '{"install": [{"metadata": {"name": "torch"}}, {"metadata": {"name": "nvidia-cublas-cu12"}}]}' > "$report"
+        printf '{"install": [{"metadata": {"name": "torch"}}, ' > "$report"
+        printf '{"metadata": {"name": "nvidia-cublas-cu12"}}]}' >> "$report"
     else
         printf '{"install": [{"metadata": {"name": "torch"}}]}' > "$report"
     fi
@@ -52,8 +54,9 @@ def test_setup_pins_the_test_extras_in_its_venv_and_in_ci_only(tmp_path, where, 
     log = tmp_path / "pip.log"
     base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "CI",
                                                                "DEBUG_NAN_CONSTRAINTS")}
-    run_env = dict(base, PATH=f"{bin_}{os.pathsep}{base['PATH']}", DEBUG_NAN_GPU="0", DEBUG_NAN_PIP=str(tmp_path / "pip"),
-                   PIP_LOG=str(log), FAKE_DEFAULT="cpu", FAKE_CPU_INDEX="ok", **env)
+    run_env = dict(base, PATH=f"{bin_}{os.pathsep}{base['PATH']}", DEBUG_NAN_GPU="0",
+                   DEBUG_NAN_PIP=str(tmp_path / "pip"), PIP_LOG=str(log), FAKE_DEFAULT="cpu", FAKE_CPU_INDEX="ok",
+                   **env)
     proc = subprocess.run(["bash", str(tmp_path / "scripts" / "setup.sh")], env=run_env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -66,8 +69,8 @@ def test_setup_pins_the_test_extras_in_its_venv_and_in_ci_only(tmp_path, where, 
 
 @pytest.mark.parametrize("default, cpu_index, code, installs", [
     ("cpu", "ok", 0, ["torch==2.13.0"]),  # a default index that serves a CPU build (a CPU-only mirror)
-    ("cuda", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
-    ("offline", "ok", 0, ["-q --timeout 30 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]),
+    ("cuda", "ok", 0, [CPU_TORCH]),
+    ("offline", "ok", 0, [CPU_TORCH]),
     ("cuda", "down", 1, []),  # never the CUDA build on a machine without a GPU: stop and say how
 ])
 def test_setup_script_never_installs_cuda_torch_without_a_gpu(tmp_path, default, cpu_index, code, installs):

@@ -157,7 +157,8 @@ def lightning_module(model, make_optimizer, make_scheduler=None):
             optimizer = make_optimizer(self.model.parameters())
             if make_scheduler is None:
                 return optimizer
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": make_scheduler(optimizer), "interval": "step"}}
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": make_scheduler(optimizer), "interval": "step"}}
 
     return Lit()
 

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for the test models
 
-from tests.support.frameworks import parity  # noqa: E402
+from tests.support.frameworks import parity
 
 framework, bug, out = sys.argv[1], sys.argv[2], sys.argv[3]
 steps, accumulate = parity.BUGS.get(bug, (3, 1))

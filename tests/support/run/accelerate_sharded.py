@@ -23,7 +23,7 @@ from accelerate import Accelerator, FullyShardedDataParallelPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support import models  # noqa: E402
+from tests.support import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("fsdp_version", type=int, choices=[1, 2])

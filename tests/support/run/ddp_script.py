@@ -22,10 +22,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support import models  # noqa: E402
+from tests.support import models
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])
+parser.add_argument("--bug", default="none",
+                    choices=["none", "masked", "overflow", "lr", "nan-lr", "nan-batch", "zero-norm"])
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--exit-code", type=int, default=0)

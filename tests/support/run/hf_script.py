@@ -13,7 +13,7 @@ from transformers.trainer_callback import PrinterCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support.frameworks import tasks  # noqa: E402
+from tests.support.frameworks import tasks
 
 parser = argparse.ArgumentParser()
 parser.add_argument("output_dir")

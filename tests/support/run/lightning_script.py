@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support.frameworks import tasks  # noqa: E402
+from tests.support.frameworks import tasks
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked"])

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support import models  # noqa: E402
+from tests.support import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("strategy", choices=["fsdp", "model_parallel", "ddp"])

@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for its test models
 
-from tests.support import models  # noqa: E402
+from tests.support import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "masked", "overflow", "unlabelled", "lr"])
@@ -48,6 +48,6 @@ try:
         optimizer.zero_grad()
         done += 1
         print(f"step {done} loss {total:.6f}")
-except Exception as exc:  # a script that swallows its own failures: debug-nan must still stop it
+except Exception as exc:  # noqa: BLE001 - a script that swallows its own failures: debug-nan must still stop it
     print(f"training failed: {exc}")
 sys.exit(args.exit_code)

@@ -12,9 +12,9 @@ batches (seeded by rank); rank 0 prints the loss averaged over the ranks every s
 one finite value 3e38 (rank 1's forward overflows); grow: rank 1's targets grow tenfold every 3 steps (the
 gradients explode on rank 1 alone, then everywhere through the averaging); nan-lr: the learning rate is NaN in step 2's
 update (every parameter NaN); hidden: a padding token in rank 1's batch of step 2 whose log(0) = -inf the forward
-drops with torch.where (only the gradients go NaN: 0 / 0 in log's backward), as AAM's count encoder does. --gather-loss: the loss gathers every
-rank's pooled embeddings with `dist.all_gather` (the local slice put back for its gradient) and compares every
-pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's loss is then NaN.
+drops with torch.where (only the gradients go NaN: 0 / 0 in log's backward), as AAM's count encoder does. --gather-loss:
+the loss gathers every rank's pooled embeddings with `dist.all_gather` (the local slice put back for its gradient) and
+compares every pair, as a pairwise (UniFrac-like) loss does; with --bug corrupt every rank's loss is then NaN.
 """
 
 import argparse

@@ -83,5 +83,5 @@ def test_missing_and_invalid_files(tmp_path):
 
 def test_fsdp_is_a_train_setting_that_resumes_from_a_checkpoint(tmp_path):
     assert build_settings(None, {"fsdp": True}).fsdp and "fsdp" in SECTIONS["train"]
-    s = build_settings(None, {"fsdp": True, "checkpoint": str(tmp_path / "c.pt")})  # (tests/e2e/ddp/test_fsdp_checkpoint.py)
+    s = build_settings(None, {"fsdp": True, "checkpoint": str(tmp_path / "c.pt")})  # (e2e/ddp/test_fsdp_checkpoint.py)
     assert s.fsdp and s.checkpoint == str(tmp_path / "c.pt")

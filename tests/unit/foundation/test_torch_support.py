@@ -55,7 +55,8 @@ def test_an_old_torch_is_one_line_and_exit_2_at_the_cli(words, monkeypatch, tmp_
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines == [f"debug-nan: error: debug-nan supports {torch_support.RANGE}; found torch 2.3.1 on Python "
-                     f"{'.'.join(map(str, sys.version_info[:3]))}: install torch >= 2.{torch_support.oldest_torch()[1]} "
+                     f"{'.'.join(map(str, sys.version_info[:3]))}: install torch >= "
+                     f"2.{torch_support.oldest_torch()[1]} "
                      f"(the range is in docs/support.md)."]
 
 

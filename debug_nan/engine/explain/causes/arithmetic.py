@@ -195,10 +195,12 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
             return Cause.INVALID_DOMAIN, (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in "
                                       f"float64 {n_ref} are still Inf: not an overflow but a pole, {POLES[stem]}.")
         if has_no_pole(name, event):  # finite at every finite input: the value is merely too large for float64 too
-            return Cause.OVERFLOW, (f"{event.op} turned finite inputs into {n_inf} Inf values, and recomputed in float64 "
+            return Cause.OVERFLOW, (f"{event.op} turned finite inputs into {n_inf} Inf values, and recomputed in "
+                                    "float64 "
                                 f"{n_ref} are still Inf: {stem} has no pole at finite inputs, so this is an "
                                 f"overflow past float64's range as well{magnitude(name, event)}.")
-        return Cause.UNKNOWN, (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in float64 {n_ref} "
+        return Cause.UNKNOWN, (f"{event.op} made {n_inf} Inf values from finite inputs, and recomputed in float64 "
+                               f"{n_ref} "
                            f"are still Inf: not an overflow of {str(dtype).replace('torch.', '')} but a value that is "
                            f"infinite at these inputs in any precision.")
     real_dtype = torch.empty(0, dtype=dtype).real.dtype
@@ -209,7 +211,8 @@ def infinite_rule(event: OpEvent, name: str) -> tuple[str, str] | None:
     reference = (f"; recomputed in float64 the largest |result|{written} is {float(ref.abs().max()):.4g}"
                  if ref is not None and ref.numel() else "")
     if ref is not None and ref.numel() and float(ref.abs().max()) <= limit:  # the result fits: a partial sum did not
-        return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf values: "
+        return Cause.OVERFLOW, (f"{event.op} turned finite inputs (largest |input| {in_max:.4g}) into {n_inf} Inf "
+                                "values: "
                             f"an intermediate (a partial sum or product) exceeded the "
                             f"{str(dtype).replace('torch.', '')} maximum {limit:.6g}, although the exact result "
                             f"fits ({float(ref.abs().max()):.4g} recomputed in float64): accumulating in "

@@ -71,7 +71,8 @@ def attention_rule(event: OpEvent, batch) -> tuple[str, str] | None:
     rows = empty.reshape(empty.shape[0], -1).any(dim=1).nonzero().squeeze(1) if empty.dim() else None
     where = (describe_rows(rows, first, batch, aam=is_builtin(event))
              if rows is not None and empty.shape[0] == first else "some batch rows")
-    return Cause.ALL_MASKED_SOFTMAX, (f"{event.op}: the attention mask `{arg}` {list(mask.shape)} leaves {n_rows} query "
+    return Cause.ALL_MASKED_SOFTMAX, (f"{event.op}: the attention mask `{arg}` {list(mask.shape)} leaves {n_rows} "
+                                      "query "
                                   f"rows of {empty.numel()} with no key at all ({mask.shape[-1]} keys, every one "
                                   f"masked), and softmax over an empty set is 0/0 = NaN. Those rows belong to {where}.")
 
@@ -101,7 +102,8 @@ def fused_mask_rule(event: OpEvent, batch) -> tuple[str, str] | None:
                                   f"padding mask {list(mask.shape)} masks every one of the {mask.shape[-1]} keys "
                                   f"of {rows.numel()} rows of {empty.shape[0]}, and the fused kernel's softmax over "
                                   f"an empty set is 0/0 = NaN (training mode runs the composite path, whose softmax "
-                                  f"gives such rows zero weights, so training stayed finite). Those all-padding rows belong to "
+                                  f"gives such rows zero weights, so training stayed finite). Those all-padding rows "
+                                  "belong to "
                                   f"{where}.")
 
 

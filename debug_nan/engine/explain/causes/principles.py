@@ -85,7 +85,8 @@ def nan_from_finite_rule(event: OpEvent, name: str, float64: torch.Tensor | None
         at = torch.isnan(out)
         ref = float64[at] if not float64.is_complex() else torch.view_as_real(float64)[at]
         if ref.numel() and bool(torch.isfinite(ref).all()):
-            return Cause.OVERFLOW, (f"{event.op} made {int(at.sum())} NaN from finite inputs, and recomputed in float64 "
+            return Cause.OVERFLOW, (f"{event.op} made {int(at.sum())} NaN from finite inputs, and recomputed in "
+                                    "float64 "
                                 f"the same positions are finite: an intermediate value overflowed "
                                 f"{str(out.dtype).replace('torch.', '')} inside the op (inf - inf or 0 * inf).")
     for arg, t in event.inputs:

@@ -71,7 +71,8 @@ def _nll_rule(event: OpEvent, x: torch.Tensor) -> tuple[str, str] | None:
     n_kept = int(kept.sum())
     weight = dict(event.inputs).get("weight")
     if n_kept == 0:
-        return Cause.DIV_BY_ZERO, (f"{event.op}: every one of the {target.numel()} targets equals ignore_index={ignore}, "
+        return Cause.DIV_BY_ZERO, (f"{event.op}: every one of the {target.numel()} targets equals "
+                                   f"ignore_index={ignore}, "
                                f"so the 'mean' reduction divides a sum over 0 targets by a total weight of 0: "
                                f"0/0 = NaN.")
     if weight is not None:

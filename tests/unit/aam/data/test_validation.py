@@ -119,7 +119,8 @@ def test_truncated_and_wrong_biom_files(tmp_path):
     table = biom.Table(np.array([[1, 2], [4, 5]]), ["o1", "o2"], ["s1", "s2"])
     good = _write_hdf5(table, tmp_path / "good.biom").read_bytes()
     (tmp_path / "cut.biom").write_bytes(good[:len(good) // 2])
-    with pytest.raises(InputError, match=f"cut.biom could not be read: it is a truncated HDF5 file \\({len(good) // 2:,} "
+    with pytest.raises(InputError, match=f"cut.biom could not be read: it is a truncated HDF5 file "
+                                         f"\\({len(good) // 2:,} "
                                          f"of the {len(good):,} bytes"):
         load_biom(tmp_path / "cut.biom")
     (tmp_path / "cut.json.biom").write_text(table.to_json("test")[:150])

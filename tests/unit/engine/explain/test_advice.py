@@ -30,7 +30,8 @@ def test_before_any_update_the_weights_come_first_and_no_learning_rate():
 
 def test_after_updates_the_learning_rate_and_clipping_only_where_the_run_does_not_clip():
     plain = _overflow(AdviceContext(updates=2))
-    assert plain[0].startswith("Lower the learning rate, or add warmup") and "Clip gradients (--max-grad-norm)" in plain[0]
+    assert plain[0].startswith("Lower the learning rate, or add warmup")
+    assert "Clip gradients (--max-grad-norm)" in plain[0]
     assert "after 2 update(s) of this run" in plain[0]
     clipped = _overflow(AdviceContext(updates=2, clipping="torch.nn.utils.clip_grad_norm_ (max_norm 1)"))
     assert "The run clips already (torch.nn.utils.clip_grad_norm_ (max_norm 1))" in clipped[0]

@@ -228,6 +228,7 @@ def test_advice_in_each_entry_points_words():
 
     text = "Clip with --max-grad-norm 1.0. Or use --precision bf16."
     assert in_dialect(text, "cli") == text
-    assert in_dialect(text, "hf") == "Clip with TrainingArguments(max_grad_norm=...). Or use TrainingArguments(bf16=True)."
+    assert in_dialect(text, "hf") == ("Clip with TrainingArguments(max_grad_norm=...). Or use "
+                                      "TrainingArguments(bf16=True).")
     assert in_dialect(text, "api") == ("Clip with torch.nn.utils.clip_grad_norm_ before optimizer.step(). Or use "
                                        "torch.autocast(dtype=torch.bfloat16).")

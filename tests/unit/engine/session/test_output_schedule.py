@@ -109,4 +109,5 @@ def test_the_cost_counts_each_hooked_call_besides_the_hooks_own_time(clock):
         s.begin()
         clock.now += 0.1
         s.stepped(0.0, 900)
-    assert HOOK_CALL_SECONDS == 4e-6 and s.every == 8  # 3.6% needs every 8th step (7.2, rounded up to a power of two) for 0.5%
+    # 3.6% needs every 8th step (7.2, rounded up to a power of two) for 0.5%
+    assert HOOK_CALL_SECONDS == 4e-6 and s.every == 8

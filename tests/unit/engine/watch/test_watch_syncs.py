@@ -93,7 +93,8 @@ def test_watch_makes_one_sync_per_micro_batch():
                 watch.watch_grads()
                 result = watch.sync()
             assert syncs.count == 1, syncs.what
-            assert result.first_harm() is None and len(result.values("forward")) == 4  # (GELU, Dropout: torch.nn weightless, not hooked)
+            # (GELU, Dropout: torch.nn weightless, not hooked)
+            assert result.first_harm() is None and len(result.values("forward")) == 4
         optimizer.step()  # AdamW on the CPU reads its step counter (.item()): not the watch's, not counted
         with HostSyncs() as syncs:
             watch.watch_params()  # on the device; read at the next micro-batch's sync
