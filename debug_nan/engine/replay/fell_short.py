@@ -2,11 +2,11 @@
 replay ran out of memory: the watch's finding stands, with the reason), or it stayed finite where the run did not.
 
 Reproducible or not: a replay that stayed finite is replayed once more. A second replay that names an origin means
-the first missed it: the kernels are not deterministic on this input, and its finding stands. Two finite replays that agree bit for bit (the loss and every
-gradient) mean the value is not reproducible from the model's state and the batch: the cause is outside them
-(script state the replay did not see, a kernel that computed otherwise in the run, the device itself), and the
-finding says so plainly, with where it ran (rank, host, device) and `reproducible: false`, as a rerun machine
-tells a transient fault from a reproducible one.
+the first missed it: the kernels are not deterministic on this input, and its finding stands. Two finite replays
+that agree bit for bit (the loss and every gradient) mean the value is not reproducible from the model's state and
+the batch: the cause is outside them (script state the replay did not see, a kernel that computed otherwise in the
+run, the device itself), and the finding says so plainly, with where it ran (rank, host, device) and `reproducible:
+false`, as a rerun machine tells a transient fault from a reproducible one.
 """
 
 from __future__ import annotations
