@@ -1,10 +1,17 @@
 """`debug-nan run -- COMMAND`: the user's own training command, unmodified, watched from outside.
 
-The command runs in this process (app/command.py) with torch's global hooks (drivers/run/hooks.py) driving the
-framework step protocol (drivers/run/driver.py). debug-nan's own lines go to stderr (and --log), so the script's
-stdout is byte for byte what it prints without debug-nan. On a trip the failing micro-batch (or update) is replayed
-in place, at once, from the run's own state at that step and the tape of the script's code (drivers/run/tape.py); the
-script is stopped, the summary and the JSON report follow, exit 1. A clean run exits with the script's own code.
+The spine, top to bottom in this file: `run_command` resolves the command (app/command.py); a program (torchrun, a
+shell script, `accelerate launch`) goes to app/run_program.py, which starts it with the start-up hook and gives the
+one answer of all its processes. A Python command runs in this process: `Watch.run` runs it with torch's global
+hooks (drivers/run/hooks.py) telling the `Watch` its events, and returns an `Ending`, the value that says how it
+ended; `finish(watch, ending)` settles the run from that value (the last checks, the summary, the JSON report) and
+gives the exit code. A process of a program that trains runs the same `Watch` and `finish` from the hook
+(app/run_hook.py), its Ending made where it stops.
+
+debug-nan's own lines go to stderr (and --log), so the script's stdout is byte for byte what it prints without
+debug-nan. On a trip the failing micro-batch (or update) is replayed in place, at once, from the run's own state
+at that step and the tape of the script's code (drivers/run/tape.py); the script is stopped, the summary and the
+JSON report follow, exit 1. A clean run exits with the script's own code.
 """
 
 from __future__ import annotations
@@ -12,12 +19,15 @@ from __future__ import annotations
 import io
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
+from debug_nan.app.run_program import run_program
 from debug_nan.app.script_errors import blame, raised_by_us
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
@@ -50,77 +60,165 @@ class RunOptions:
     command: list[str] | None = None  # the command as typed (set by run_command)
 
 
-class RunListener:
-    """The hooks' listener in the user's run: builds the RunDriver when the root module is known."""
+@dataclass
+class Ending:
+    """How the watched command ended: the value the run is finished from (`finish`)."""
 
-    def __init__(self, options: RunOptions, outputs: Outputs, log: Log, hooks: Hooks, ranks: Ranks | None = None):
-        self.options, self.outputs, self.log, self.hooks, self.ranks = options, outputs, log, hooks, ranks
+    code: int = 0  # the command's own exit code (SystemExit's, as Python maps it)
+    stop: str | None = None  # debug-nan stopped it: "trip" | "max-steps"
+    error: Exception | None = None  # the script's own exception, out of the command
+    interrupted: BaseException | None = None  # Ctrl-C, or SIGTERM (KeyboardInterrupt("SIGTERM"))
+
+
+def run_command(words: list[str], options: RunOptions) -> int:
+    """Run the command watched -> the exit code (1 a finding, 2 an error, else the command's own). Under torchrun
+    every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
+    command = commands.resolve(words)
+    options.command = list(words)
+    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    if command.kind == "program":
+        return run_program(command, options)
+    ranks = Ranks.detect()
+    if ranks is not None:
+        ranks.report_fatal_signals()
+    watch = Watch(options, command, ranks)
+    watch.log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
+              f"output as it is)")
+    try:
+        code, together = finish(watch, watch.run())
+    finally:
+        watch.place_log()
+    if watch.ranks is not None:
+        watch.ranks.leave(code, together)
+    return code
+
+
+class Watch:
+    """The hooks' listener (drivers/run/hooks.py Listener) in the user's run: the RunDriver, built at the first
+    training forward, with the run's outputs and log. A stop decided inside a hook (RunStopped) goes to `on_stop`:
+    raised out of the script when it runs in this process, the process's own end where the hook attached."""
+
+    def __init__(self, options: RunOptions, command: commands.Command, ranks: Ranks | None = None,
+                 log: Log | None = None, on_stop: Callable[[RunStopped], None] | None = None):
+        self.options, self.command, self.ranks = options, command, ranks
+        self.hooks = Hooks(self)
         self.driver: RunDriver | None = None
+        self.on_stop = on_stop or _raise
+        self.outputs = Outputs(options.report, None, False, options.log if self.main_rank else None, "stop")
+        # another rank's lines are held back: shown (marked with its rank) only if it ends alone
+        self.log = self.outputs.log = log or (Log(paths.partial(options.log), follow_stderr=True) if self.main_rank
+                                              else Log(None, stream=io.StringIO()))
+        self.outputs.open()
+        self.integration: dict = {}  # the report's `integration` (finish)
 
+    @property
+    def main_rank(self) -> bool:
+        return self.ranks is None or self.ranks.is_main
+
+    @property
+    def script(self) -> str | None:
+        """The script's path (an output never lands on it)."""
+        return self.command.target if self.command.kind == "script" else None
+
+    # -- the command, in this process --------------------------------------------------------------------------
+    def run(self) -> Ending:
+        """Run the command here with the hooks installed -> how it ended."""
+        self.hooks.install()
+        was_deterministic = deterministic_algorithms(self.options.deterministic)
+        paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
+        try:
+            with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
+                return Ending(code=commands.run(self.command))
+        except RunStopped as stop:
+            if stop.reason == interrupts.SIGTERM_NAME:
+                return Ending(interrupted=KeyboardInterrupt(stop.reason))
+            return Ending(stop=stop.reason)
+        except KeyboardInterrupt as exc:
+            return Ending(interrupted=exc)
+        except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
+            return Ending(error=exc)
+        finally:
+            paths.record_opens(False)
+            self.hooks.uninstall()
+            torch.use_deterministic_algorithms(was_deterministic)
+
+    @contextmanager
+    def stops(self):
+        """Around every event: a stop decided inside it goes to on_stop."""
+        try:
+            yield
+        except RunStopped as stop:
+            self.on_stop(stop)
+
+    # -- the hooks' events -------------------------------------------------------------------------------------
     def attach(self, model, optimizer) -> None:
+        options = self.options
         settings = run_settings(self.outputs, task=None, device=next(model.parameters()).device,
                                 optimizer=optimizer, accumulation=1, precision="fp32", max_grad_norm=None,
-                                max_steps=self.options.max_steps or 1, seed=0,
-                                explosion_threshold=self.options.explosion_threshold,
-                                explosion_growth=self.options.explosion_growth)
+                                max_steps=options.max_steps or 1, seed=0,
+                                explosion_threshold=options.explosion_threshold,
+                                explosion_growth=options.explosion_growth)
         try:
-            ctx = self.ranks.adopt() if self.ranks is not None else None
+            ctx = self.ranks.adopt() if self.ranks is not None else self._join_ranks()
         except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
             self.hooks.failure = exc
-            raise RunStopped("error") from None
+            with self.stops():
+                raise RunStopped("error") from None
         self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
-                                bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
-                                trace_at=self.options.trace_at, command=self.options.command)
-        count = sum(p.numel() for p in model.parameters())
-        if isinstance(optimizer, Optimizers):
-            optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
-            named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
-            self.log(f"[debug-nan] watching {named} ({count:,} parameters) and "
-                     f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
-                     f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
-                     f"together, with no forward between them, one step)")
-        elif optimizer is None:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the script "
-                     f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
-                     f"the next forward, where its update is checked")
-        else:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters) and its "
-                     f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
+                                bundle_dir=options.bundle_dir, shown_from=options.start_dir,
+                                trace_at=options.trace_at, command=options.command)
+        self.log(_watching_line(model, optimizer))
         if ctx is not None:
-            self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "
-                     f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
-                     f"report; a finding names the rank that saw the harm first.")
+            self.log(f"[debug-nan] {ctx.world} ranks, each watched in its own process; they agree on every "
+                     f"micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the report; "
+                     f"a finding names the rank that saw the harm first.")
+
+    def _join_ranks(self):
+        """No RANK in the environment (torch.multiprocessing.spawn's workers, Lightning's): the process group the
+        script created says this process's rank and world."""
+        self.ranks = Ranks.of_group()
+        if self.ranks is None:
+            return None
+        if not self.ranks.is_main:
+            self.log.stream = io.StringIO()  # (held back: this rank's lines show only if it ends alone)
+            self.outputs.log_path = None
+        return self.ranks.adopt()
 
     def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> None:
         if self.driver is not None and not self.driver.stopped:
             self.driver.eval_forwards.begin(module, args, kwargs, steps_taken)
 
     def eval_end(self, output) -> None:
-        if self.driver is not None and not self.driver.stopped and self.driver.eval_end(output):
-            raise RunStopped("trip")
+        with self.stops():
+            if self.driver is not None and not self.driver.stopped and self.driver.eval_end(output):
+                raise RunStopped("trip")
 
     def micro_begin(self, batch, step: int, micro: int) -> None:
-        if self.options.max_steps and step > self.options.max_steps:
-            raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
-        self.driver.micro_begin(batch, step)
+        with self.stops():
+            if self.options.max_steps and step > self.options.max_steps:
+                raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
+            self.driver.micro_begin(batch, step)
 
     def backward_begin(self, loss, step: int, micro: int, tape) -> None:
         self.driver.adopt_scaler(self.hooks.scaler)
         self.driver.backward_begin(loss, tape)
 
     def backward_end(self, step: int, micro: int) -> None:
-        self.driver.backward_end()
+        with self.stops():
+            self.driver.backward_end()
 
     def step_begin(self, step: int, update) -> None:
         self.driver.step_begin(update)
 
     def step_end(self, step: int, skipped: bool) -> None:
-        self.driver.step_end(skipped)
+        with self.stops():
+            self.driver.step_end(skipped)
 
     def forwards_given_up(self, tape, calls: list[int], outputs: list) -> None:
-        self.driver.forwards_given_up(tape, calls, outputs)
-        if self.driver.stopped:
-            raise RunStopped("trip")
+        with self.stops():
+            self.driver.forwards_given_up(tape, calls, outputs)
+            if self.driver.stopped:
+                raise RunStopped("trip")
 
     def follow(self, optimizer) -> None:
         self.log(f"[debug-nan] the script replaced its optimizer with a new {type(optimizer).__name__} (a new "
@@ -129,69 +227,56 @@ class RunListener:
 
     def training_ends(self) -> None:
         """The script destroys its process group: the last update is checked now, agreed on by the ranks."""
-        if self.driver is not None and not self.driver.stopped:
-            self.driver.finish()
-            if self.driver.findings:
-                raise RunStopped("trip")
+        with self.stops():
+            if self.driver is not None and not self.driver.stopped:
+                self.driver.finish()
+                if self.driver.findings:
+                    raise RunStopped("trip")
+
+    def place_log(self) -> None:
+        """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
+        if self.log.copy_path is None:
+            return
+        self.log.close()
+        notes: list[str] = []
+        paths.place(self.log.copy_path, self.options.log, "--log", self.script, notes.append)
+        self.log.copy_path = None
+        for line in notes:
+            self.log(line, "yellow")
 
 
-def run_command(words: list[str], options: RunOptions) -> int:
-    """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
-    every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
-    ranks = Ranks.detect()
-    if ranks is not None:
-        ranks.report_fatal_signals()
-    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
-    try:
-        code, together = _run_command(words, options, ranks)
-    finally:
-        _place_log(options)
-    if ranks is not None:
-        ranks.leave(code, together)
-    return code
+def _raise(stop: RunStopped) -> None:
+    raise stop
 
 
-def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> tuple[int, bool]:
-    """-> (the exit code, whether every rank ends at the same point: an agreed trip or stop, or a clean end)."""
-    command = commands.resolve(words)
-    options.command = list(words)
-    main_rank = ranks is None or ranks.is_main
-    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop")
-    # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = (Log(paths.partial(options.log), follow_stderr=True) if main_rank
-                         else Log(None, stream=io.StringIO()))
-    _streamed[:] = [log, command.target if command.kind == "script" else None]
-    outputs.open()
-    log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
-        f"output as it is)")
-    hooks = Hooks(None)
-    watching = RunListener(options, outputs, log, hooks, ranks)
-    hooks.listener = watching
-    code, error, interrupted = 0, None, None
-    hooks.install()
-    was_deterministic = deterministic_algorithms(options.deterministic)
-    paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
-    try:
-        with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
-            code = commands.run(command)
-    except RunStopped as stop:
-        if stop.reason == interrupts.SIGTERM_NAME:
-            interrupted = KeyboardInterrupt(stop.reason)
-        elif stop.reason == "max-steps":
-            log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
-                f"steps.")
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-        _keep_interrupted_finding(watching.driver, exc)
-    except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
-        error = exc
-    finally:
-        paths.record_opens(False)
-        hooks.uninstall()
-        torch.use_deterministic_algorithms(was_deterministic)
+def _watching_line(model, optimizer) -> str:
+    count = sum(p.numel() for p in model.parameters())
+    if isinstance(optimizer, Optimizers):
+        optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
+        named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
+        return (f"[debug-nan] watching {named} ({count:,} parameters) and "
+                f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} {optimizers}: a "
+                f"micro-batch is a backward call, a step an optimizer step (those that step together, with no "
+                f"forward between them, one step)")
+    if optimizer is None:
+        return (f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters), whose weights the "
+                f"script updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
+                f"the next forward, where its update is checked")
+    return (f"[debug-nan] watching {user_class(type(model)).__name__} ({count:,} parameters) and its "
+            f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
+
+
+def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]:
+    """Settle the run from how it ended -> (the exit code, whether every rank ends at the same point: an agreed
+    trip or stop, or a clean end). The last checks (an update the command ended after, a micro-batch it raised or
+    gave up in), the summary and the report (with `write`: else kept in watch.outputs.result)."""
+    hooks, log, options, ranks = watch.hooks, watch.log, watch.options, watch.ranks
+    error, interrupted, code = ending.error, ending.interrupted, ending.code
     if hooks.failure is not None:
         raise hooks.failure
-    m = watching.driver
+    if ending.stop == "max-steps":
+        log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer steps.")
+    m = watch.driver
     if m is None and interrupted is not None:
         log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
         if ranks is None:  # the cli writes the report of a run interrupted before it trained
@@ -206,6 +291,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
+    if interrupted is not None:
+        _keep_interrupted_finding(m, interrupted)
     if error is not None and not m.stopped and hooks.open and raised_by_us(error) is None:  # (debug-nan's own: no trip)
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
@@ -213,17 +300,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
             interrupted = exc
             _keep_interrupted_finding(m, exc)
     elif not m.stopped and interrupted is None and error is None:
-        if hooks.open:
-            m.abandoned(code)
-        try:
-            if hooks.manual and hooks.backward_since_open and not m.stopped:
-                hooks.close_manual_step()  # the last hand-written update
-            if not m.stopped:
-                hooks.flush_step()  # (several optimizers: their last step)
-        except RunStopped:
-            pass
-        if not m.stopped:
-            m.finish()
+        _last_checks(m, hooks, code)
     if error is not None and not m.findings:
         said = blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
                            "a numerical one")
@@ -240,18 +317,21 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return (interrupts.interrupt_code(interrupted) if interrupted is not None
                 else code if result.status == "clean" else exit_code(result))
 
-    integration = {"framework": "debug-nan run", "command": words, "kind": command.kind, "pinpoint": MECHANISM,
-                   "exit_code_of_command": code}
+    integration = {"framework": "debug-nan run", "command": options.command, "kind": watch.command.kind,
+                   "pinpoint": MECHANISM, "exit_code_of_command": code}
     if m.answer_seconds is not None:
         integration["pinpoint_seconds"] = round(m.answer_seconds, 4)  # from the tripping sync to the finding
     if ranks is not None:
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None
-    outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
-    if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
+    watch.integration = integration
+    outputs = watch.outputs
+    outputs.report = paths.destination(outputs.report, "--report", watch.script, log)
+    if not watch.main_rank and not together and write:  # this rank ends alone: what it saw, its report.rankN.json
         log.stream = _RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
-                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0)
+                              write=write and (watch.main_rank or not together),
+                              rank=ranks.rank if ranks is not None else 0)
     if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
         log(error_line(f"{outputs.write_failure} The run itself ended with exit {final(result)}; exit 2 because "
                        f"its report could not be written."), "red")
@@ -259,7 +339,22 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
     return final(result), together
 
 
-def _keep_interrupted_finding(m: RunDriver | None, exc: KeyboardInterrupt) -> None:
+def _last_checks(m: RunDriver, hooks: Hooks, code: int) -> None:
+    """The command ended on its own: a micro-batch it gave up in, its last update, then the final check."""
+    if hooks.open:
+        m.abandoned(code)
+    try:
+        if hooks.manual and hooks.backward_since_open and not m.stopped:
+            hooks.close_manual_step()  # the last hand-written update
+        if not m.stopped:
+            hooks.flush_step()  # (several optimizers: their last step)
+    except RunStopped:
+        pass
+    if not m.stopped:
+        m.finish()
+
+
+def _keep_interrupted_finding(m: RunDriver | None, exc: BaseException) -> None:
     """Ctrl-C / SIGTERM during the in-place replay: the trip the watch saw stands, without the op."""
     if m is not None and isinstance(exc, InterruptedPinpoint):
         m.findings.append(exc.finding)
@@ -274,22 +369,6 @@ def deterministic_algorithms(on: bool) -> bool:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     return before
-
-
-_streamed: list = []  # [the Log streaming the --log copy, the script] of the run in progress
-
-
-def _place_log(options: RunOptions) -> None:
-    """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
-    if len(_streamed) != 2 or _streamed[0].copy_path is None:
-        return
-    log, script = _streamed
-    _streamed.clear()
-    log.close()
-    notes: list[str] = []
-    paths.place(log.copy_path, options.log, "--log", script, notes.append)
-    for line in notes:
-        log(line, "yellow")
 
 
 class _RankMarked:

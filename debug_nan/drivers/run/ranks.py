@@ -45,6 +45,13 @@ class Ranks:
         ctx = detect()
         return cls(ctx) if ctx is not None else None
 
+    @classmethod
+    def of_group(cls) -> Ranks | None:
+        """A process with no RANK in its environment (torch.multiprocessing.spawn's workers, Lightning's ranks): its
+        place as the script's initialised process group says it, or None (no group, or a group of one)."""
+        ctx = ddp.context()
+        return cls(ctx) if ctx is not None else None
+
     @staticmethod
     def report_fatal_signals() -> None:
         """A rank killed by a fatal signal (SIGABRT from a native thread, SIGSEGV) prints every thread's Python
