@@ -26,7 +26,8 @@ import time
 
 from debug_nan.app import run_folder
 from debug_nan.app.command import Command
-from debug_nan.app.run_job import Ending, RunOptions, Watch, finish
+from debug_nan.app.run_job import finish
+from debug_nan.app.run_watch import Ending, RunOptions, Watch
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError

@@ -28,7 +28,7 @@ def test_resolve_the_forms_of_a_command(tmp_path, monkeypatch):
     (["python", "missing.py"], "the script missing.py does not exist"),
     (["python", "-c", "print(1)"], "other interpreter options are not supported"),
     (["python", "-m"], "`python -m` needs a module name"),
-    (["no-such-program-19"], "no such script or console script"),
+    (["no-such-program-19"], "no-such-program-19: command not found"),
 ])
 def test_resolve_says_what_is_wrong(tmp_path, monkeypatch, words, message):
     monkeypatch.chdir(tmp_path)
