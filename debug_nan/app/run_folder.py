@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,6 +42,22 @@ class RunFolder:
         env[startup_hook.RUN_DIR] = str(self.path)
         env[OPTIONS] = json.dumps(asdict(options))
         return env
+
+    @contextmanager
+    def exported(self, options):
+        """While a Python command runs in this process: the processes it starts (torch.multiprocessing.spawn's
+        workers, Lightning's ranks) get the hook through this process's environment, as a program's do."""
+        keys = ("PYTHONPATH", startup_hook.RUN_DIR, OPTIONS)
+        saved = {k: os.environ.get(k) for k in keys}
+        os.environ.update({k: v for k, v in self.environment(options).items() if k in keys})
+        try:
+            yield self
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def write_result(self, result: dict) -> None:
         final = self.results_dir / f"{os.getpid()}.json"

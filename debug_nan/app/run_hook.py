@@ -22,17 +22,15 @@ import atexit
 import io
 import os
 import sys
-import time
 
 from debug_nan.app import run_folder
 from debug_nan.app.command import Command
-from debug_nan.app.run_job import finish
+from debug_nan.app.run_job import finish, result_of
 from debug_nan.app.run_watch import Ending, RunOptions, Watch
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
-from debug_nan.presentation.summary import report_dict
 
 _attached: list = []  # the process's HookedWatch (one per process)
 
@@ -61,16 +59,15 @@ def _this_process() -> Command:
 
 class HookedWatch(Watch):
     def __init__(self, options: RunOptions, folder: run_folder.RunFolder):
-        self.held = io.StringIO()
-        super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=self.held),
+        super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=io.StringIO()),
                          on_stop=self._stopped)
-        self.folder, self.ended, self.started = folder, False, time.perf_counter()
+        self.folder, self.ended = folder, False
         self._excepthook = sys.excepthook
 
     def attach(self, model, optimizer) -> None:
         super().attach(model, optimizer)
         if self.main_rank:  # rank 0 (or the one process): its lines on stderr as they come
-            sys.stderr.write(self.held.getvalue())
+            sys.stderr.write(self.held())
             self.log.stream = sys.stderr
 
     # -- how it ends -------------------------------------------------------------------------------------------
@@ -90,7 +87,9 @@ class HookedWatch(Watch):
     def at_exit(self) -> None:
         if self.driver is not None and self.driver.session.p.agreement is not None:
             self.driver.session.p.agreement = None  # (each rank alone: another may be gone, no collective now)
-        self.end(Ending())
+        code, together = self.end(Ending())
+        if self.ranks is not None and together:
+            self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)
 
     def end(self, ending: Ending) -> tuple[int, bool]:
         """The run settled from `ending`, its result left in the run folder -> (exit code, together)."""
@@ -100,24 +99,13 @@ class HookedWatch(Watch):
         self.hooks.uninstall()
         if self.driver is None and self.hooks.failure is None:
             return ending.code, False  # an optimizer, but no training: nothing to say
-        error = None
+        held, error = self.held(), None
         self.log.stream = io.StringIO()  # (the summary is the top process's: one, after the command ended)
         try:
             code, together = finish(self, ending, write=False)
         except InputError as exc:
             code, together, error = exc.exit_code, False, str(exc)
-        result = self.outputs.result
-        m = self.driver
-        if result is not None:
-            data = report_dict(result, m.s, m.device, time.perf_counter() - self.started)
-            data["integration"] = self.integration
-        else:
-            data = {"status": "error", "steps_run": m.steps_run if m is not None else 0, "first_nonfinite": None,
-                    "findings": [], "error": error, "exit_code": code}
-        kind = ending.stop or ("error" if ending.error is not None or error is not None else "ended")
-        self.folder.write_result({"rank": self.ranks.rank if self.ranks is not None else None,
-                                  "world": self.ranks.world if self.ranks is not None else 1, "pid": os.getpid(),
-                                  "ending": kind, "code": code, "report": data, "held": self.held.getvalue()})
+        self.folder.write_result({**result_of(self, ending, code, error), "held": held})
         return code, together
 
 

@@ -16,11 +16,14 @@ JSON report follow, exit 1. A clean run exits with the script's own code.
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
-from debug_nan.app.run_program import run_program
+from debug_nan.app.run_folder import RunFolder
+from debug_nan.app.run_program import answer, run_program
 from debug_nan.app.run_watch import Ending, RunOptions, Watch
 from debug_nan.app.script_errors import blame, raised_by_us
 from debug_nan.drivers.run.driver import RunDriver
@@ -29,7 +32,7 @@ from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.errors import CommandRaised, InputError, describe_exception
 from debug_nan.presentation.log import error_line
-from debug_nan.presentation.summary import exit_code
+from debug_nan.presentation.summary import exit_code, report_dict
 from debug_nan.process import interrupts
 
 __all__ = ["Ending", "RunOptions", "Watch", "finish", "run_command"]
@@ -52,13 +55,34 @@ def run_command(words: list[str], options: RunOptions) -> int:
     watch = Watch(options, command, ranks)
     watch.log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
               f"output as it is)")
+    folder = RunFolder().make()
     try:
-        code, together = finish(watch, watch.run())
+        with folder.exported(options):
+            ending = watch.run()
+        children = folder.results()
+        if children:  # processes it started trained (spawn's workers, Lightning's ranks): one answer of them all
+            code, together = _with_children(watch, ending, children), ending.error is None
+        else:
+            code, together = finish(watch, ending)
     finally:
+        folder.remove()
         watch.place_log()
     if watch.ranks is not None:
         watch.ranks.leave(code, together)
     return code
+
+
+def _with_children(watch: Watch, ending: Ending, children: list[dict]) -> int:
+    """The command's own processes trained too: this process's result (when it trained: Lightning's rank 0) joins
+    theirs, and the one summary and report are made from them all (app/run_program.py)."""
+    own = []
+    if watch.driver is not None:
+        log = watch.log
+        log.stream, shown = io.StringIO(), log.stream
+        code, _ = finish(watch, ending, write=False)
+        log.stream = shown
+        own = [result_of(watch, ending, code)]
+    return answer(own + children, ending.code, None, watch.command, watch.options, watch.log, watch.elapsed())
 
 
 def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]:
@@ -132,6 +156,22 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
                        f"its report could not be written."), "red")
         return 2, together
     return final(result), together
+
+
+def result_of(watch: Watch, ending: Ending, code: int, error: str | None = None) -> dict:
+    """This process's result, for the one answer of several (app/run_folder.py): its rank, how it ended, its
+    report (from finish's result; `error`: the one-paragraph error where finish raised it)."""
+    m, result = watch.driver, watch.outputs.result
+    if result is not None:
+        data = report_dict(result, m.s, m.device, watch.elapsed())
+        data["integration"] = watch.integration
+    else:
+        data = {"status": "error", "steps_run": m.steps_run if m is not None else 0, "first_nonfinite": None,
+                "findings": [], "error": error, "exit_code": code}
+    ranks = watch.ranks
+    return {"rank": ranks.rank if ranks is not None else None, "world": ranks.world if ranks is not None else 1,
+            "pid": os.getpid(), "code": code, "report": data, "held": watch.held(),
+            "ending": ending.stop or ("error" if ending.error is not None or error is not None else "ended")}
 
 
 def _last_checks(m: RunDriver, hooks: Hooks, code: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
@@ -69,6 +70,15 @@ class Watch:
                                               else Log(None, stream=io.StringIO()))
         self.outputs.open()
         self.integration: dict = {}  # the report's `integration` (finish)
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def held(self) -> str:
+        """The lines of a rank whose log is held back (shown only if it ends alone)."""
+        stream = self.log.stream
+        return stream.getvalue() if isinstance(stream, io.StringIO) else ""
 
     @property
     def main_rank(self) -> bool:
