@@ -24,6 +24,7 @@ import os
 import sys
 
 from debug_nan.app import run_folder
+from debug_nan.app import command as commands
 from debug_nan.app.command import Command
 from debug_nan.app.run_job import finish, result_of
 from debug_nan.app.run_watch import Ending, RunOptions, Watch
@@ -49,6 +50,7 @@ def attach() -> None:
     watch.hooks.install()
     atexit.register(watch.at_exit)
     sys.excepthook = watch.excepthook
+    sys.exit = watch.exit
 
 
 def _this_process() -> Command:
@@ -61,7 +63,7 @@ class HookedWatch(Watch):
     def __init__(self, options: RunOptions, folder: run_folder.RunFolder):
         super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=io.StringIO()),
                          on_stop=self._stopped)
-        self.folder, self.ended = folder, False
+        self.folder, self.ended, self.exit_code = folder, False, 0
         self._excepthook = sys.excepthook
 
     def attach(self, model, optimizer) -> None:
@@ -84,10 +86,15 @@ class HookedWatch(Watch):
             self.end(Ending(code=1, error=value))
         self._excepthook(kind, value, traceback)
 
+    def exit(self, status=None):
+        """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it)."""
+        self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
+        raise SystemExit(status)
+
     def at_exit(self) -> None:
         if self.driver is not None and self.driver.session.p.agreement is not None:
             self.driver.session.p.agreement = None  # (each rank alone: another may be gone, no collective now)
-        code, together = self.end(Ending())
+        code, together = self.end(Ending(code=self.exit_code))
         if self.ranks is not None and together:
             self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import traceback
 
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
@@ -75,14 +76,17 @@ def run_command(words: list[str], options: RunOptions) -> int:
 def _with_children(watch: Watch, ending: Ending, children: list[dict]) -> int:
     """The command's own processes trained too: this process's result (when it trained: Lightning's rank 0) joins
     theirs, and the one summary and report are made from them all (app/run_program.py)."""
-    own = []
+    own, code = [], ending.code
+    if ending.error is not None and watch.driver is None:  # (the spawning process's own error: as Python shows it)
+        traceback.print_exception(ending.error, file=sys.stderr)
+        code = 1
     if watch.driver is not None:
         log = watch.log
         log.stream, shown = io.StringIO(), log.stream
         code, _ = finish(watch, ending, write=False)
         log.stream = shown
         own = [result_of(watch, ending, code)]
-    return answer(own + children, ending.code, None, watch.command, watch.options, watch.log, watch.elapsed())
+    return answer(own + children, code, None, watch.command, watch.options, watch.log, watch.elapsed())
 
 
 def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]:

@@ -102,7 +102,11 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     first = data.get("first_nonfinite")
     if first is not None and world > 1:
         _name_ranks(first, chosen, found)
-    notes = list(data.get("notes") or []) + _ranks_notes(results, world, code, found)
+    notes = list(data.get("notes") or [])
+    left = [] if found else _left_early(results, world, code)
+    if left:  # no finding: the rank that left while the others trained is what ended the run
+        data["status"] = "error"
+        data["error"] = " ".join(left) + (f" Then: {data['error']}" if data.get("error") else "")
     data.update(status="nonfinite" if found else data.get("status", "clean"), exit_code=final, notes=notes,
                 ranks=[_rank_entry(r) for r in results], interrupted=signalled is not None)
     data["integration"] = {**(data.get("integration") or {}), "framework": "debug-nan run", "kind": "program",
@@ -150,19 +154,21 @@ def _name_ranks(first: dict, chosen: dict, found: list[dict]) -> None:
     first["rank_origins"] = origins or None
 
 
-def _ranks_notes(results: list[dict], world: int, code: int, found: list[dict]) -> list[str]:
-    """A rank that left while the others trained, named with how it ended."""
-    if world < 2 or found:
+def _left_early(results: list[dict], world: int, code: int) -> list[str]:
+    """The ranks that left while the others trained (an exit, a kill), each named with how it ended."""
+    if world < 2:
         return []
     steps = max(r["report"].get("steps_run", 0) for r in results)
-    ranks = {r.get("rank") for r in results}
-    missing = [r for r in range(world) if r not in ranks]
-    notes = [f"rank {r} left no result: it was killed or crashed (the program's exit: {code})." for r in missing]
+    seen = {r.get("rank") for r in results}
+    said = [f"Rank {r} ended without a result while the others trained: it was killed or crashed (the command's "
+            f"exit: {code})." for r in range(world) if r not in seen]
+    others_failed = any(r.get("ending") == "error" for r in results)
     for r in results:
-        if r["report"].get("steps_run", 0) < steps and r["ending"] == "ended":
-            notes.append(f"rank {r['rank']} ended after {r['report'].get('steps_run', 0)} step(s) while the others "
-                         f"trained on (the program's exit: {code}).")
-    return notes
+        ran = r["report"].get("steps_run", 0)
+        if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
+            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
+                        f"with code {r.get('code')}.")
+    return said
 
 
 def _rank_entry(result: dict) -> dict:

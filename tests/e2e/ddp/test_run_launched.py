@@ -142,6 +142,16 @@ def test_torchrun_a_nan_only_in_rank_1s_validation_stops_every_rank(tmp_path_fac
     assert {r["rank"]: r["ending"] for r in report["ranks"]} == {0: "trip", 1: "trip"}
 
 
+def test_a_rank_that_exits_while_the_other_trains_is_named_with_its_code(tmp_path_factory):
+    done, report = shared(tmp_path_factory, "launched-torchrun-exit", watched(*TORCHRUN, SCRIPT, "--bug", "exit"))
+    assert done.returncode not in (0, 2) and done.stdout.count("\n") == 2, done.stderr
+    assert report["status"] == "error" and report["exit_code"] == done.returncode
+    assert report["error"].startswith("Rank 1 left the run after 2 step(s) while the others trained: it exited "
+                                      "with code 3.")
+    said = summary(done)
+    assert "it exited with code 3" in said and "Ctrl-C" not in said and "SIGABRT" not in done.stderr
+
+
 def test_under_torchrun_m_debug_nan_rank_1s_validation_nan_is_rank_0s_report(tmp_path_factory):
     done, report = shared(tmp_path_factory, "launched-torchrun-m-eval", lambda folder: run(
         [*TORCHRUN, "-m", "debug_nan", "run", "--report", "run.json", "--", SCRIPT, "--bug", "eval"], folder))
