@@ -21,17 +21,17 @@ ATTACH = "debug_nan.app.run_hook"  # its attach(): the watch, in the process tha
 
 def _chain(here: str) -> None:
     """The user's own sitecustomize (the next on sys.path after this folder), run as Python would have run it."""
-    import importlib.machinery
-    import importlib.util
+    from importlib._bootstrap import module_from_spec  # (both frozen and loaded at start: importlib.util is not)
+    from importlib._bootstrap_external import PathFinder
 
     ours = sys.modules.pop("sitecustomize", None)
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    spec = PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         if ours is not None:
             sys.modules["sitecustomize"] = ours
         return
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     try:
         spec.loader.exec_module(module)
