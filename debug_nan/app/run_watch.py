@@ -138,7 +138,8 @@ class Watch:
                                 trace_at=options.trace_at, command=options.command)
         self.log(_watching_line(model, optimizer))
         if ctx is not None:
-            self.log(f"[debug-nan] {ctx.world} ranks, each watched in its own process; they agree on every "
+            launcher = "torchrun: " if "TORCHELASTIC_RUN_ID" in os.environ else ""
+            self.log(f"[debug-nan] {launcher}{ctx.world} ranks, each watched in its own process; they agree on every "
                      f"micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the report; "
                      f"a finding names the rank that saw the harm first.")
 
