@@ -23,7 +23,7 @@ from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import RunFolder
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.session.outcome import RunResult
-from debug_nan.errors import InputError
+from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.outputs import OutputWriteError
 from debug_nan.presentation.summary import write_report, write_summary
@@ -85,6 +85,11 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
         if signalled is not None:
             log(f"[debug-nan] interrupted ({signalled}) before any process trained.")
             return code
+        if code != 0:  # its own failure, before anything trained: its code, as without debug-nan
+            failed = CommandRaised(f"the command failed (exit {code}) before any process it started trained: its "
+                                   f"own error is above.")
+            failed.exit_code = code
+            raise failed
         raise InputError(f"the command ended (exit {code}) without training: no Python process it started created a "
                          f"torch.optim optimizer and trained a model with it (debug-nan run watches each process "
                          f"from its first optimizer: a process of another Python environment than {sys.executable} "

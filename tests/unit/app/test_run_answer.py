@@ -9,7 +9,7 @@ import pytest
 from debug_nan.app.command import Command
 from debug_nan.app.run_program import answer
 from debug_nan.app.run_watch import RunOptions
-from debug_nan.errors import InputError
+from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.log import Log
 
 EVAL = {"step": 2, "micro_step": 1, "phase": "eval", "module": "attn", "module_type": "MaskedAttention",
@@ -62,6 +62,9 @@ def test_a_rank_killed_leaves_no_result_and_is_named(tmp_path):
     assert code == 137 and report["error"].startswith("Rank 1 ended without a result while the others trained")
 
 
-def test_no_process_that_trained_is_bad_input(tmp_path):
+def test_no_process_that_trained_is_bad_input_unless_the_command_failed_on_its_own(tmp_path):
     with pytest.raises(InputError, match="without training: no Python process it started"):
         give([], 0, tmp_path)
+    with pytest.raises(CommandRaised, match="the command failed [(]exit 3[)] before any process") as failed:
+        give([], 3, tmp_path)
+    assert failed.value.exit_code == 3
