@@ -2,7 +2,7 @@
 calls `attach()` at the process's first optimizer, whatever started it (torchrun, a shell script, Lightning's
 launcher, `torch.multiprocessing.spawn`).
 
-The process is watched as under `torchrun -m debug_nan run` (app/run_job.py's Watch and finish, the ranks'
+The process is watched as under `torchrun -m debug_nan run` (app/run_watch.py's Watch, run_job.py's finish, the ranks'
 agreement over the script's own process group, its rank and world learned from that group). Where it ends, it
 leaves its result in the run's private folder (app/run_folder.py) for the top debug-nan process, which prints the
 one summary and writes the one report after the command ended:
