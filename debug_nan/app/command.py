@@ -1,5 +1,7 @@
-"""The user's command, run in this process as Python would run it: `python train.py ARGS`, `python -m pkg.mod
-ARGS`, `train.py ARGS`, or an installed console script (`aam pretrain ...`, found through its entry point).
+"""The user's command: a program that is not Python run here (a launcher, a shell script: a "program" Command, which
+app/run_program.py starts as a child), or Python run in this process as Python would run it: `python train.py
+ARGS`, `python -m pkg.mod ARGS`, `train.py ARGS`, or an installed console script (`aam pretrain ...`, found through
+its entry point).
 
 The script sees what `python SCRIPT` gives it: sys.argv[0] as typed, `__file__` absolute (the working directory
 joined to what was typed), sys.path[0] the folder of the script's real file (a symlink resolved), a folder or a
@@ -27,8 +29,8 @@ PYTHON_FLAGS_IGNORED = ("-u", "-B")  # unbuffered output, no .pyc files: nothing
 
 @dataclass
 class Command:
-    kind: str  # "script" | "module" | "entry point"
-    target: str  # the script's (or folder's, archive's) absolute path, the module's name, or "module:function"
+    kind: str  # "script" | "module" | "entry point" (run here) | "program" (run as a child, app/run_program.py)
+    target: str  # the script's (or folder's, archive's, program's) absolute path, the module, or "module:function"
     argv: list[str]  # sys.argv as the program sees it
     words: list[str]  # the command as the user typed it (for the log and the report)
 
@@ -46,7 +48,9 @@ def resolve(words: list[str]) -> Command:
     if not words:
         raise InputError("debug-nan run needs the command to run after `--`, e.g. "
                          "`debug-nan run -- python train.py --lr 3e-4`.")
-    _refuse_launcher(words)
+    program = _program(words)
+    if program is not None:
+        return program
     rest = list(words)
     if _is_python(rest[0]):
         rest.pop(0)
@@ -66,48 +70,54 @@ def resolve(words: list[str]) -> Command:
             raise InputError(f"the script {path} does not exist (working directory {os.getcwd()}).")
         # absolute as Python makes it: the working directory joined, nothing normalised (its __file__)
         return Command("script", os.path.join(os.getcwd(), path), [path, *rest[1:]], list(words))
-    point = _entry_point(os.path.basename(rest[0]))
-    if point is None:
-        found = shutil.which(rest[0])
-        hint = (f"{found} is a program but not a Python console script of this environment ({sys.executable}); "
-                f"debug-nan runs Python in its own process" if found else "no such script or console script")
-        raise InputError(f"debug-nan run -- {rest[0]}: {hint}. Give a script (train.py), a module "
-                         f"(python -m package.module) or a console script installed in this Python environment.")
+    point = _entry_point(os.path.basename(rest[0]))  # (anything else is a program: _program)
     return Command("entry point", point.value, [shutil.which(rest[0]) or rest[0], *rest[1:]], list(words))
 
 
-LAUNCHERS = {  # a launcher of worker processes (its program, or its module under `python -m`) -> its `-m` flag
-    "torchrun": "-m", "torch.distributed.run": "-m", "torch.distributed.launch": "-m",
-    "accelerate": "-m", "accelerate-launch": "-m", "accelerate.commands.launch": "-m",
-    "deepspeed": "--module", "deepspeed.launcher.runner": "--module",
+LAUNCHERS = {  # programs (or their modules under `python -m`) that train in worker processes of their own
+    "torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "accelerate-launch",
+    "accelerate.commands.launch", "deepspeed", "deepspeed.launcher.runner", "lightning", "srun", "mpirun",
 }
-TESTED = ("torchrun", "torch.distributed.run", "accelerate", "accelerate-launch")  # advice run here (tests/run/)
 
 
-def _refuse_launcher(words: list[str]) -> None:
-    """A launcher that trains in child processes (torchrun, accelerate launch, deepspeed) would train outside
-    this process, unwatched: exit 2, with the command that runs debug-nan inside each worker instead."""
-    name = os.path.basename(words[0])
-    at = 1
-    if _is_python(words[0]) and "-m" in words[1:3]:
-        at = words.index("-m") + 2
-        name = words[at - 1] if at - 1 < len(words) else ""
-    if name not in LAUNCHERS:
-        return
-    head, tail = words[:at], words[at:]
-    if tail[:1] == ["launch"] and name.startswith("accelerate"):
-        head, tail = head + ["launch"], tail[1:]
-    script = next((k for k, w in enumerate(tail) if w.endswith(".py")), None)
-    flag = LAUNCHERS[name]
-    if script is None:
-        instead = " ".join([*head, "[ITS OPTIONS]", flag, "debug_nan", "run", "[OPTIONS]", "--", "train.py", "ARGS"])
-    else:
-        instead = " ".join([*head, *tail[:script], flag, "debug_nan", "run", "[OPTIONS]", "--", *tail[script:]])
-    tested = "" if name in TESTED else " (this form is not tested here)"
-    raise InputError(f"debug-nan run -- {' '.join(words)}: {name} starts the training in worker processes of its "
-                     f"own, which this process cannot watch (it would end saying that no optimizer was created). "
-                     f"Let the launcher start debug-nan in every worker instead, each watching its own rank: "
-                     f"`{instead}`{tested}. The ranks then agree on every trip and stop together.")
+def _program(words: list[str]) -> Command | None:
+    """A command that is not Python run in this process -> a program Command (run as a child with the start-up
+    hook, app/run_program.py): a launcher (torchrun, `accelerate launch`, `python -m torch.distributed.run`), a
+    shell script, any other executable. None: Python, run here."""
+    first = words[0]
+    if _is_python(first):
+        at = words.index("-m") + 1 if "-m" in words[1:3] else None
+        return _as_program(words) if at is not None and at < len(words) and words[at] in LAUNCHERS else None
+    name = os.path.basename(first)
+    if name in LAUNCHERS or name.endswith((".sh", ".bash", ".slurm", ".sbatch")):
+        return _as_program(words)
+    if first.endswith(".py") or _runnable_folder(first) or _entry_point(name) is not None and not os.path.isfile(first):
+        return None
+    if os.path.isfile(first):
+        return _as_program(words) if _shebang(first) and "python" not in _shebang(first) else None
+    return _as_program(words)
+
+
+def _shebang(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.readline(200)
+    except OSError:
+        return ""
+    return head.decode("utf-8", "replace").strip() if head.startswith(b"#!") else ""
+
+
+def _as_program(words: list[str]) -> Command:
+    """The program as typed; its file (a path given, else found on PATH). Not found, not executable: exit 2."""
+    first = words[0]
+    found = first if os.sep in first or os.path.isfile(first) and not shutil.which(first) else shutil.which(first)
+    if found is None or not os.path.exists(found):
+        raise InputError(f"debug-nan run -- {' '.join(words)}: {first}: command not found (no such file here, in "
+                         f"{os.getcwd()}, nor a program on PATH).")
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise InputError(f"debug-nan run -- {' '.join(words)}: {first} is not an executable file (chmod +x it, "
+                         f"or give its interpreter: debug-nan run -- bash {first} ...).")
+    return Command("program", os.path.abspath(found), list(words), list(words))
 
 
 def _runnable_folder(path: str) -> bool:

@@ -1,208 +1,106 @@
 """`debug-nan run -- COMMAND`: the user's own training command, unmodified, watched from outside.
 
-The command runs in this process (app/command.py) with torch's global hooks (drivers/run/hooks.py) driving the
-framework step protocol (drivers/run/driver.py). debug-nan's own lines go to stderr (and --log), so the script's
-stdout is byte for byte what it prints without debug-nan. On a trip the failing micro-batch (or update) is replayed
-in place, at once, from the run's own state at that step and the tape of the script's code (drivers/run/tape.py); the
-script is stopped, the summary and the JSON report follow, exit 1. A clean run exits with the script's own code.
+The spine, top to bottom in this file: `run_command` resolves the command (app/command.py); a program (torchrun, a
+shell script, `accelerate launch`) goes to app/run_program.py, which starts it with the start-up hook and gives the
+one answer of all its processes. A Python command runs in this process: `Watch.run` runs it with torch's global
+hooks (drivers/run/hooks.py) telling the `Watch` its events, and returns an `Ending`, the value that says how it
+ended; `finish(watch, ending)` settles the run from that value (the last checks, the summary, the JSON report) and
+gives the exit code. A process of a program that trains runs the same `Watch` and `finish` from the hook
+(app/run_hook.py), its Ending made where it stops.
+
+debug-nan's own lines go to stderr (and --log), so the script's stdout is byte for byte what it prints without
+debug-nan. On a trip the failing micro-batch (or update) is replayed in place, at once, from the run's own state
+at that step and the tape of the script's code (drivers/run/tape.py); the script is stopped, the summary and the
+JSON report follow, exit 1. A clean run exits with the script's own code.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, field
-
-import torch
+import sys
+import traceback
 
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
+from debug_nan.app.run_folder import RunFolder
+from debug_nan.app.run_program import answer, run_program
+from debug_nan.app.run_watch import Ending, RunOptions, Watch
 from debug_nan.app.script_errors import blame, raised_by_us
-from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
-from debug_nan.drivers.run.ensemble import Models, Optimizers, parameter_count
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
-from debug_nan.engine.sharded import user_class
 from debug_nan.errors import CommandRaised, InputError, describe_exception
-from debug_nan.presentation.log import Log, RankMarked, error_line
+from debug_nan.presentation.log import RankMarked, error_line
+from debug_nan.presentation.report import build_report
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
-from debug_nan.settings import RunSettings
+
+__all__ = ["Ending", "RunOptions", "Watch", "finish", "run_command"]
 
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
 
-@dataclass
-class RunOptions:
-    report: str | None = None
-    log: str | None = None
-    max_steps: int | None = None
-    explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
-    explosion_growth: float = RunSettings.explosion_growth
-    deterministic: bool = False  # torch.use_deterministic_algorithms in the run
-    bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
-    start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
-    trace_at: tuple[int, int] | None = None  # --trace-at STEP:MICRO: that micro-batch traced as it runs
-    command: list[str] | None = None  # the command as typed (set by run_command)
-    plot: str | None = None  # --plot, --tensorboard, --history: as for the job
-    tensorboard: str | None = None
-    history: str = "compact"
-
-    def report_settings(self) -> dict:
-        """The report's `settings`: the options this run used (none of the job's AAM or training knobs)."""
-        return {"report": self.report, "log": self.log, "plot": self.plot, "tensorboard": self.tensorboard,
-                "history": self.history, "max_steps": self.max_steps, "explosion_threshold": self.explosion_threshold,
-                "explosion_growth": self.explosion_growth, "deterministic": self.deterministic,
-                "bundle_dir": self.bundle_dir, "bundle": self.bundle_dir is not None,
-                "trace_at": list(self.trace_at) if self.trace_at else None}
-
-
-class RunListener:
-    """The hooks' listener in the user's run: builds the RunDriver when the root module is known."""
-
-    def __init__(self, options: RunOptions, outputs: Outputs, log: Log, hooks: Hooks, ranks: Ranks | None = None):
-        self.options, self.outputs, self.log, self.hooks, self.ranks = options, outputs, log, hooks, ranks
-        self.driver: RunDriver | None = None
-
-    def attach(self, model, optimizer) -> None:
-        settings = run_settings(self.outputs, task=None, device=next(model.parameters()).device,
-                                optimizer=optimizer, accumulation=1, precision="fp32", max_grad_norm=None,
-                                max_steps=self.options.max_steps or 1, seed=0,
-                                explosion_threshold=self.options.explosion_threshold,
-                                explosion_growth=self.options.explosion_growth)
-        try:
-            ctx = self.ranks.adopt() if self.ranks is not None else None
-        except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)
-            self.hooks.failure = exc
-            raise RunStopped("error") from None
-        self.driver = RunDriver(model, optimizer, settings, self.log, self.hooks, dist_ctx=ctx,
-                                bundle_dir=self.options.bundle_dir, shown_from=self.options.start_dir,
-                                trace_at=self.options.trace_at, command=self.options.command)
-        count = parameter_count(model, optimizer)  # (the optimizers' parameters; an EMA copy named apart)
-        if isinstance(optimizer, Optimizers):
-            optimizers = ", ".join(optimizer.describe(i) for i in range(len(optimizer.members)))
-            named = model.describe() if isinstance(model, Models) else user_class(type(model)).__name__
-            self.log(f"[debug-nan] watching {named} ({count}) and "
-                     f"{'their optimizers' if len(optimizer.members) > 1 else 'its optimizer'} "
-                     f"{optimizers}: a micro-batch is a backward call, a step an optimizer step (those that step "
-                     f"together, with no forward between them, one step)")
-        elif optimizer is None:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count}), whose weights the script "
-                     f"updates itself (no torch.optim optimizer): a micro-batch is a backward call, a step ends at "
-                     f"the next forward, where its update is checked")
-        else:
-            self.log(f"[debug-nan] watching {user_class(type(model)).__name__} ({count}) and its "
-                     f"{type(optimizer).__name__}: a micro-batch is a backward call, a step an optimizer step")
-        if ctx is not None:
-            self.log(f"[debug-nan] torchrun: {ctx.world} ranks, each watched in its own process; they agree on "
-                     f"every micro-batch's trip and stop together. Rank 0 prints debug-nan's lines and writes the "
-                     f"report; a finding names the rank that saw the harm first.")
-
-    def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> None:
-        if self.driver is not None and not self.driver.stopped:
-            self.driver.eval_forwards.begin(module, args, kwargs, steps_taken)
-
-    def eval_end(self, output) -> None:
-        if self.driver is not None and not self.driver.stopped and self.driver.eval_end(output):
-            raise RunStopped("trip")
-
-    def micro_begin(self, batch, step: int, micro: int) -> None:
-        if self.options.max_steps and step > self.options.max_steps:
-            raise RunStopped("max-steps")  # at the next forward: the script's own work after step N ran
-        self.driver.micro_begin(batch, step)
-
-    def backward_begin(self, loss, step: int, micro: int, tape) -> None:
-        self.driver.adopt_scaler(self.hooks.scaler)
-        self.driver.backward_begin(loss, tape)
-
-    def backward_end(self, step: int, micro: int) -> None:
-        self.driver.backward_end()
-
-    def step_begin(self, step: int, update) -> None:
-        self.driver.step_begin(update)
-
-    def step_end(self, step: int, skipped: bool) -> None:
-        self.driver.step_end(skipped)
-
-    def forwards_given_up(self, tape, calls: list[int], outputs: list) -> None:
-        self.driver.forwards_given_up(tape, calls, outputs)
-        if self.driver.stopped:
-            raise RunStopped("trip")
-
-    def follow(self, optimizer) -> None:
-        self.log(f"[debug-nan] the script replaced its optimizer with a new {type(optimizer).__name__} (a new "
-                 f"training stage): watching that one from step {self.driver.session.steps}")
-        self.driver.follow(optimizer, self.hooks.scheduler_of(optimizer))
-
-    def training_ends(self) -> None:
-        """The script destroys its process group: the last update is checked now, agreed on by the ranks."""
-        if self.driver is not None and not self.driver.stopped:
-            self.driver.finish()
-            if self.driver.findings:
-                raise RunStopped("trip")
-
-
 def run_command(words: list[str], options: RunOptions) -> int:
-    """Run the command watched -> the exit code (1 a finding, 2 an error, else the script's own). Under torchrun
+    """Run the command watched -> the exit code (1 a finding, 2 an error, else the command's own). Under torchrun
     every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
+    command = commands.resolve(words)
+    options.command = list(words)
+    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    if command.kind == "program":
+        return run_program(command, options)
     ranks = Ranks.detect()
     if ranks is not None:
         ranks.report_fatal_signals()
-    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
+    watch = Watch(options, command, ranks)
+    watch.log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
+              f"output as it is)")
+    folder = RunFolder().make()
     try:
-        code, together = _run_command(words, options, ranks)
+        with folder.exported(options):
+            ending = watch.run()
+        children = folder.results()
+        if children:  # processes it started trained (spawn's workers, Lightning's ranks): one answer of them all
+            code, together = _with_children(watch, ending, children), ending.error is None
+        else:
+            code, together = finish(watch, ending)
     finally:
-        _place_log(options)
-    if ranks is not None:
-        ranks.leave(code, together)
+        folder.remove()
+        watch.place_log()
+    if watch.ranks is not None:
+        watch.ranks.leave(code, together)
     return code
 
 
-def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> tuple[int, bool]:
-    """-> (the exit code, whether every rank ends at the same point: an agreed trip or stop, or a clean end)."""
-    command = commands.resolve(words)
-    options.command = list(words)
-    main_rank = ranks is None or ranks.is_main
-    outputs = Outputs(options.report, None, False, options.log if main_rank else None, "stop", options.plot,
-                      options.tensorboard, options.history)
-    # another rank's lines are held back: shown (marked with its rank) only if it ends alone
-    log = outputs.log = (Log(paths.partial(options.log), follow_stderr=True) if main_rank
-                         else Log(None, stream=io.StringIO()))
-    _streamed[:] = [log, command.target if command.kind == "script" else None]
-    outputs.open()
-    log(f"[debug-nan] run: {command.describe()} ({command.kind}; debug-nan's lines on stderr, the command's "
-        f"output as it is)")
-    hooks = Hooks(None)
-    watching = RunListener(options, outputs, log, hooks, ranks)
-    hooks.listener = watching
-    code, error, interrupted = 0, None, None
-    hooks.install()
-    was_deterministic = deterministic_algorithms(options.deterministic)
-    paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
-    try:
-        with interrupts.raising(RunStopped):  # SIGTERM ends the script as it ends a plain run: no Ctrl-C branch
-            code = commands.run(command)
-    except RunStopped as stop:
-        if stop.reason == interrupts.SIGTERM_NAME:
-            interrupted = KeyboardInterrupt(stop.reason)
-        elif stop.reason == "max-steps":
-            log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer "
-                f"steps.")
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-        _keep_interrupted_finding(watching.driver, exc)
-    except Exception as exc:  # noqa: BLE001 - the script's own failure: a trip when the watch sees harm behind it
-        error = exc
-    finally:
-        paths.record_opens(False)
-        hooks.uninstall()
-        torch.use_deterministic_algorithms(was_deterministic)
+def _with_children(watch: Watch, ending: Ending, children: list[dict]) -> int:
+    """The command's own processes trained too: this process's result (when it trained: Lightning's rank 0) joins
+    theirs, and the one summary and report are made from them all (app/run_program.py)."""
+    own, code = [], ending.code
+    if ending.error is not None and watch.driver is None:  # (the spawning process's own error: as Python shows it)
+        traceback.print_exception(ending.error, file=sys.stderr)
+        code = 1
+    if watch.driver is not None:
+        log = watch.log
+        log.stream, shown = io.StringIO(), log.stream
+        code, _ = finish(watch, ending, write=False)
+        log.stream = shown
+        own = [result_of(watch, ending, code)]
+    return answer(own + children, code, None, watch.command, watch.options, watch.log, watch.elapsed())
+
+
+def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]:
+    """Settle the run from how it ended -> (the exit code, whether every rank ends at the same point: an agreed
+    trip or stop, or a clean end). The last checks (an update the command ended after, a micro-batch it raised or
+    gave up in), the summary and the report (with `write`: else kept in watch.outputs.result)."""
+    hooks, log, options, ranks = watch.hooks, watch.log, watch.options, watch.ranks
+    error, interrupted, code = ending.error, ending.interrupted, ending.code
     if hooks.failure is not None:
         raise hooks.failure
-    m = watching.driver
+    if ending.stop == "max-steps":
+        log(f"[debug-nan] --max-steps {options.max_steps}: the command was stopped after that many optimizer steps.")
+    m = watch.driver
     if m is None and interrupted is not None:
         log(f"[debug-nan] interrupted ({interrupts.interrupt_name(interrupted)}) before any training step.")
         if ranks is None:  # the cli writes the report of a run interrupted before it trained
@@ -217,6 +115,8 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
                          f"step; this command created no optimizer, or never called that model's forward with "
                          f"gradients enabled.")
+    if interrupted is not None:
+        _keep_interrupted_finding(m, interrupted)
     if error is not None and not m.stopped and hooks.open and raised_by_us(error) is None:  # (debug-nan's own: no trip)
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
@@ -224,17 +124,7 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
             interrupted = exc
             _keep_interrupted_finding(m, exc)
     elif not m.stopped and interrupted is None and error is None:
-        if hooks.open:
-            m.abandoned(code)
-        try:
-            if hooks.manual and hooks.backward_since_open and not m.stopped:
-                hooks.close_manual_step()  # the last hand-written update
-            if not m.stopped:
-                hooks.flush_step()  # (several optimizers: their last step)
-        except RunStopped:
-            pass
-        if not m.stopped:
-            m.finish()
+        _last_checks(m, hooks, code)
     if error is not None and not m.findings:
         said = blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
                            "a numerical one")
@@ -251,54 +141,61 @@ def _run_command(words: list[str], options: RunOptions, ranks: Ranks | None) -> 
         return (interrupts.interrupt_code(interrupted) if interrupted is not None
                 else code if result.status == "clean" else exit_code(result))
 
-    integration = {"framework": "debug-nan run", "command": words, "kind": command.kind, "pinpoint": MECHANISM,
-                   "exit_code_of_command": code}
+    integration = {"framework": "debug-nan run", "command": options.command, "kind": watch.command.kind,
+                   "pinpoint": MECHANISM, "exit_code_of_command": code}
     if m.answer_seconds is not None:
         integration["pinpoint_seconds"] = round(m.answer_seconds, 4)  # from the tripping sync to the finding
     if ranks is not None:
         integration["world_size"] = ranks.world
     together = error is None and interrupted is None
-    outputs.report = paths.destination(outputs.report, "--report", _streamed[1], log)
-    outputs.plot = paths.destination(outputs.plot, "--plot", _streamed[1], log)
-    if not main_rank and not together:  # this rank ends alone: what it saw, and its own report (report.rankN.json)
+    watch.integration = integration
+    outputs = watch.outputs
+    outputs.report = paths.destination(outputs.report, "--report", watch.script, log)
+    outputs.plot = paths.destination(outputs.plot, "--plot", watch.script, log)
+    if not watch.main_rank and not together and write:  # this rank ends alone: what it saw, its report.rankN.json
         log.stream = RankMarked(ranks.rank, log.stream.getvalue())
     result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
-                              write=main_rank or not together, rank=ranks.rank if ranks is not None else 0,
-                              report_settings=options.report_settings())
+                              write=write and (watch.main_rank or not together),
+                              rank=ranks.rank if ranks is not None else 0, report_settings=options.report_settings())
     if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
         log(error_line(outputs.write_failure), "red")
         return 2, together
     return final(result), together
 
 
-def _keep_interrupted_finding(m: RunDriver | None, exc: KeyboardInterrupt) -> None:
+def result_of(watch: Watch, ending: Ending, code: int, error: str | None = None) -> dict:
+    """This process's result, for the one answer of several (app/run_folder.py): its rank, how it ended, its
+    report (from finish's result; `error`: the one-paragraph error where finish raised it)."""
+    m, result = watch.driver, watch.outputs.result
+    if result is not None:
+        data = build_report(result, exit_code=code, settings=watch.options.report_settings(), device=m.device,
+                            elapsed=watch.elapsed(), integration=watch.integration)
+    else:
+        data = {"status": "error", "steps_run": m.steps_run if m is not None else 0, "first_nonfinite": None,
+                "findings": [], "error": error, "exit_code": code}
+    ranks = watch.ranks
+    return {"rank": ranks.rank if ranks is not None else None, "world": ranks.world if ranks is not None else 1,
+            "pid": os.getpid(), "code": code, "report": data, "held": watch.held(),
+            "ending": ending.stop or ("error" if ending.error is not None or error is not None else "ended")}
+
+
+def _last_checks(m: RunDriver, hooks: Hooks, code: int) -> None:
+    """The command ended on its own: a micro-batch it gave up in, its last update, then the final check."""
+    if hooks.open:
+        m.abandoned(code)
+    try:
+        if hooks.manual and hooks.backward_since_open and not m.stopped:
+            hooks.close_manual_step()  # the last hand-written update
+        if not m.stopped:
+            hooks.flush_step()  # (several optimizers: their last step)
+    except RunStopped:
+        pass
+    if not m.stopped:
+        m.finish()
+
+
+def _keep_interrupted_finding(m: RunDriver | None, exc: BaseException) -> None:
     """Ctrl-C / SIGTERM during the in-place replay: the trip the watch saw stands, without the op."""
     if m is not None and isinstance(exc, InterruptedPinpoint):
         m.findings.append(exc.finding)
         m.stopped = True
-
-
-def deterministic_algorithms(on: bool) -> bool:
-    """--deterministic: torch.use_deterministic_algorithms (warn only where an op has no deterministic kernel),
-    with cuBLAS's workspace setting it needs. Returns the setting before."""
-    before = torch.are_deterministic_algorithms_enabled()
-    if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    return before
-
-
-_streamed: list = []  # [the Log streaming the --log copy, the script] of the run in progress
-
-
-def _place_log(options: RunOptions) -> None:
-    """The --log copy, streamed beside its path, moved there (or beside it, when the command used that file)."""
-    if len(_streamed) != 2 or _streamed[0].copy_path is None:
-        return
-    log, script = _streamed
-    _streamed.clear()
-    log.close()
-    notes: list[str] = []
-    paths.place(log.copy_path, options.log, "--log", script, notes.append)
-    for line in notes:
-        log(line, "yellow")

@@ -86,16 +86,19 @@ class EvalForwards:
 
     def found(self, finding: Finding, stop: bool = True) -> None:
         """The driver keeps the finding; with `stop` it watches no more (the model is left as it is: training was
-        finite, there is nothing to put back). Under torchrun (`stop` False) the run goes on: a rank stopped in a
-        forward outside training would leave the others waiting in their next collective."""
+        finite, there is nothing to put back). Under several ranks (`stop` False) this rank goes on to its next agreed
+        sync, where it tells the others (session.held): a rank stopped in a forward outside training would leave the
+        others waiting in their next collective."""
         d = self.d
         d.findings.append(finding)
         self.done = True  # (the first one is the finding: later forwards outside training are not checked)
         where = (f"Found in a forward of the model outside training (a validation pass, a generate loop) after step "
                  f"{finding.step}; every training step before it was finite. ")
-        if not stop:
-            d.notes.append(where + "Under torchrun the run went on to its end (this rank alone cannot stop the "
-                           "others, which would wait in their next collective); the exit code is still 1.")
+        if not stop:  # several ranks: told to the others at the next agreed sync (session.held), all stop there
+            finding.rank, finding.first_ranks = d.dist.rank, [d.dist.rank]
+            d.session.held = finding
+            d.notes.append(where + f"Rank {d.dist.rank} made it alone; it told the other ranks at the next sync of "
+                           f"their training (or at its end), and every rank stopped there together.")
             return
         d.notes.append(where + "The run was stopped at that forward, as at any finding (no repro bundle for a "
                        "forward outside training: the finding above is its replay).")

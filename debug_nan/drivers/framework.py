@@ -23,7 +23,7 @@ import torch
 from debug_nan.drivers.task import split_loss
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure
-from debug_nan.engine.session.agreement import RankAgreement, RunAborted
+from debug_nan.engine.session.agreement import FoundElsewhere, RankAgreement, RunAborted
 from debug_nan.engine.session.distributed import average_gradients
 from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.session import StepSession
@@ -123,6 +123,12 @@ class FrameworkDriver:
         """Run the session's decision; a finding (or a failure to replay) stops the run."""
         try:
             finding = decide()
+        except FoundElsewhere as told:  # a rank's finding outside training: every rank stops with it, as it is
+            if not any(f is told.finding for f in self.findings):  # (the rank that made it has it already)
+                self.findings.append(told.finding)
+            self.stopped = True
+            self.session.watch.discard()
+            return told.finding
         except (TaskFailure, RunAborted) as failure:
             self.error = str(failure)
             self.session.stop(None)

@@ -61,14 +61,23 @@ def forward_as(model: nn.Module, redirect: tuple[str, str] | None):
         return
     module, missing = model.get_submodule(redirect[0]), object()
     was = vars(module).get("forward", missing)
-    module.forward = getattr(module, redirect[1])
+    method = getattr(module, redirect[1])
+
+    def put_back() -> None:
+        if was is missing:
+            vars(module).pop("forward", None)
+        else:
+            module.forward = was
+
+    def redirected(*args, **kwargs):  # once, as the strategy's own redirection: the method's own model calls
+        put_back()  # (`self(x)` inside training_step) are the module's forward again
+        return method(*args, **kwargs)
+
+    module.forward = redirected
     try:
         yield
     finally:
-        if was is missing:
-            del module.forward
-        else:
-            module.forward = was
+        put_back()
 
 
 def batch_of(args: tuple, kwargs: dict):

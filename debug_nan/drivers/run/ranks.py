@@ -45,6 +45,13 @@ class Ranks:
         ctx = detect()
         return cls(ctx) if ctx is not None else None
 
+    @classmethod
+    def of_group(cls) -> Ranks | None:
+        """A process with no RANK in its environment (torch.multiprocessing.spawn's workers, Lightning's ranks): its
+        place as the script's initialised process group says it, or None (no group, or a group of one)."""
+        ctx = ddp.context()
+        return cls(ctx) if ctx is not None else None
+
     @staticmethod
     def report_fatal_signals() -> None:
         """A rank killed by a fatal signal (SIGABRT from a native thread, SIGSEGV) prints every thread's Python
@@ -97,21 +104,28 @@ class Ranks:
         script's atexit functions run, the streams are flushed, then the process ends without the interpreter's
         teardown, where gloo's threads can abort it ("terminate called without an active exception")."""
         signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
-        if self.store is not None and together:
-            try:
-                self.exchange("leave", str(code), timeout_s=120.0)
-                # rank 0 leaves last: outside torchrun its process hosts the store the others still read
-                gone = f"{self.rounds}-gone"
-                if self.is_main:
-                    self._wait("gone", [f"{gone}/{r}" for r in range(1, self.world)], timeout_s=30.0)
-                else:
-                    self.store.set(f"{gone}/{self.rank}", "")
-            except (RanksUnanswered, RuntimeError):
-                pass  # a rank that died is torchrun's to report; this one leaves with its own code
+        if together:
+            self.meet(code)
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+    def meet(self, code: int, timeout_s: float = 120.0) -> None:
+        """Every rank at its end: wait until all are there, rank 0 last (outside torchrun its process hosts the
+        store the others still read). A rank that died is the launcher's to report: this one goes on."""
+        if self.store is None:
+            return
+        try:
+            self.exchange("leave", str(code), timeout_s=timeout_s)
+            gone = f"{self.rounds}-gone"
+            if self.is_main:
+                self._wait("gone", [f"{gone}/{r}" for r in range(1, self.world)], timeout_s=30.0)
+            else:
+                self.store.set(f"{gone}/{self.rank}", "")
+        except (RanksUnanswered, RuntimeError):
+            pass
 
 
 __all__ = ["Ranks", "RanksUnanswered"]

@@ -49,6 +49,23 @@ class RunAborted(Exception):
         return describe_exception(exc) if exc is not None else "stopped", 1
 
 
+class FindingHeld(Exception):
+    """A finding this rank made outside training (a forward of its validation pass), which the other ranks, busy in
+    their own loop, did not see: passed as the `abort` of its next agreed sync, so that every rank stops with it."""
+
+    def __init__(self, finding):
+        super().__init__("a finding outside training")
+        self.finding = finding
+
+
+class FoundElsewhere(Exception):
+    """Raised on every rank at the sync where a rank told its held finding (FindingHeld): the run stops with it."""
+
+    def __init__(self, finding):
+        super().__init__("a finding of another rank")
+        self.finding = finding
+
+
 MADE, RECEIVED, SEEN = 3.0, 2.0, 1.0  # what a rank's replay found: an op that made the value, a value already
 # non-finite when this rank's code used it (received), only the watch's reading
 
@@ -125,8 +142,12 @@ class RankAgreement:
         if top == 0:
             return None
         first = [r for r, c in enumerate(codes) if c == top]
-        if top == ABORT_CODE:  # every rank stops; the first aborting rank says why
-            reason = broadcast(RunAborted.describe(o.abort) if self.ctx.rank == first[0] else None, first[0])
+        if top == ABORT_CODE:  # every rank stops; the first aborting rank says why (or tells its finding)
+            mine = (RunAborted.describe(o.abort), getattr(o.abort, "finding", None)) if self.ctx.rank == first[0] \
+                else None
+            reason, finding = broadcast(mine, first[0])
+            if finding is not None:
+                raise FoundElsewhere(finding)
             raise RunAborted(f"rank {first[0]}: {reason[0]}", reason[1])
         return RankPlan(top, first, self.together)
 

@@ -26,6 +26,7 @@ from debug_nan.engine.explain.finding import Finding, explosion_finding
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng
+from debug_nan.engine.session.agreement import FindingHeld
 from debug_nan.engine.session.copies import StateCopies, live_state_kept
 from debug_nan.engine.session.outcome import MicroOutcome
 from debug_nan.engine.session.output_schedule import OutputSchedule
@@ -71,6 +72,7 @@ class StepSession:
         self._unread_update = False  # an optimizer step was taken since the parameters were last read
         self._trip_target: StepInputs | None = None  # the step whose start a trip needs (set by pinpoint)
         self.stopped = False
+        self.held: Finding | None = None  # DDP: this rank's finding outside training, told at the next agreed sync
 
     # -- a step --------------------------------------------------------------------------------------------------
     def begin_step(self, step: int | None = None) -> StepInputs:
@@ -117,6 +119,8 @@ class StepSession:
                   grad_norms: list[torch.Tensor] | None = None) -> MicroOutcome:
         """After a micro-batch's backward (or after its code raised): the one host sync (agreed under DDP), the
         history; the snapshot is saved after the first micro-batch unless that sync blames the last update."""
+        if abort is None and self.held is not None:  # (a finding of this rank outside training: told now)
+            abort = FindingHeld(self.held)
         o = MicroOutcome(self.inputs, self.micro, error=error, abort=abort, record=self.record,
                          previous=self.previous, last=last)
         o.grad_norms = grad_norms if self._grads_watched else self.watch_grads()
@@ -183,10 +187,12 @@ class StepSession:
             return None
         last = self.previous
         self._read_update()
-        result = self.watch.sync(self.p.agreement.agree_codes if self.p.agreement is not None else None)
+        held = FindingHeld(self.held) if self.held is not None and self.p.agreement is not None else None
+        result = self.watch.sync(self.p.agreement.agree_codes if self.p.agreement is not None else None,
+                                 abort=held is not None)
         self.copies.read(result)  # (an eval pass may follow, then more steps: their copies need this reading)
         return self.decide(MicroOutcome(last, len(last.batches), result.first_harm(), rank_codes=result.rank_codes,
-                                        previous=last))
+                                        previous=last, abort=held))
 
     # -- the trip decision ---------------------------------------------------------------------------------------
     def decide(self, o: MicroOutcome) -> Finding | None:

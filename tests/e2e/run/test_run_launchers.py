@@ -1,7 +1,8 @@
-"""A launcher that trains in worker processes (accelerate launch, torchrun, deepspeed) run inside `debug-nan run`
-is refused with the command to run instead (exit 2, before it starts anything: in this process); and that command,
-debug-nan inside the launcher, works (real processes)."""
+"""A program that cannot be started under `debug-nan run` (not found, not executable) is exit 2 with its report,
+before anything runs (in this process); and debug-nan inside a launcher (`accelerate launch -m debug_nan run`)
+still works (real processes)."""
 
+import json
 import subprocess
 import sys
 
@@ -19,21 +20,17 @@ accelerator = Accelerator(cpu=True)
     "optimizer)\n").replace("    loss.backward()\n", "    accelerator.backward(loss)\n")
 
 
-@pytest.mark.parametrize("words, instead", [
-    (["accelerate", "launch", "--cpu", "train.py", "--lr", "3"],
-     "`accelerate launch --cpu -m debug_nan run [OPTIONS] -- train.py --lr 3`. The ranks"),
-    (["torchrun", "--nproc_per_node=2", "train.py"], "`torchrun --nproc_per_node=2 -m debug_nan run [OPTIONS] -- "
-                                                     "train.py`. The ranks"),
-    (["python", "-m", "torch.distributed.run", "--standalone", "train.py"],
-     "`python -m torch.distributed.run --standalone -m debug_nan run [OPTIONS] -- train.py`."),
-    (["deepspeed", "train.py"], "`deepspeed --module debug_nan run [OPTIONS] -- train.py` (this form is not tested"),
-])
-def test_a_launcher_of_workers_is_refused_with_what_to_run_instead(tmp_path, run_here, words, instead):
-    (tmp_path / "train.py").write_text(TRAIN)
-    done, stdout, stderr = run_here(*words)
-    assert done.code == 2 and stdout == "", stderr
-    said = " ".join(stderr.split())
-    assert "starts the training in worker processes of its own" in said and instead in said
+def test_a_program_not_found_or_not_executable_is_exit_2_with_its_report(tmp_path, run_here):
+    """A program (not Python run here) that cannot be started: one paragraph, exit 2, the error report written
+    (app/run_program.py; a launcher itself is run and followed: tests/e2e/ddp/test_run_launched.py)."""
+    (tmp_path / "train.sh").write_text("#!/bin/bash\ntorchrun train.py\n")  # not executable
+    for words, said in ((["no-such-launcher-7", "train.py"], "no-such-launcher-7: command not found"),
+                        (["./train.sh"], "./train.sh is not an executable file (chmod +x it")):
+        done, stdout, stderr = run_here(*words)
+        assert done.code == 2 and stdout == "", stderr
+        assert said in " ".join(stderr.split()) and "Traceback" not in stderr
+        report = json.loads((tmp_path / "run.json").read_text())
+        assert (report["status"], report["exit_code"]) == ("error", 2) and said in " ".join(report["error"].split())
 
 
 @pytest.mark.processes

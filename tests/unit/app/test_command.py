@@ -2,6 +2,8 @@
 when one is wrong, and the exit codes as Python maps them."""
 
 
+import os
+import shutil
 import sys
 
 import pytest
@@ -23,12 +25,32 @@ def test_resolve_the_forms_of_a_command(tmp_path, monkeypatch):
     assert (entry.kind, entry.target, entry.argv[1:]) == ("entry point", "debug_nan.app.cli:main", ["--version"])
 
 
+def test_a_program_that_is_not_python_run_here_is_a_program(tmp_path, monkeypatch):
+    """Launchers, shell scripts and other executables run as a child with the start-up hook (app/run_program.py)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.sh").write_text("#!/bin/bash\ntorchrun train.py\n")
+    (tmp_path / "train.sh").chmod(0o755)
+    (tmp_path / "job").write_text("#!/bin/sh\nsrun python train.py\n")
+    (tmp_path / "job").chmod(0o755)
+    for words in (["python", "-m", "torch.distributed.run", "train.py"], ["./train.sh", "--lr", "3"],
+                  ["train.sh"], ["job"], ["bash", "train.sh"], ["sh", "-c", "true"]):
+        command = resolve(words)
+        assert command.kind == "program" and command.argv == words, words
+        assert os.access(command.target, os.X_OK)
+    assert resolve(["bash", "train.sh"]).target == shutil.which("bash")
+    (tmp_path / "notes.sh").write_text("echo\n")  # not executable
+    with pytest.raises(InputError, match="notes.sh is not an executable file"):
+        resolve(["notes.sh"])
+    (tmp_path / "job.py").write_text("#!/usr/bin/env python\n")  # a Python script: run here, as before
+    assert resolve(["job.py"]).kind == "script"
+
+
 @pytest.mark.parametrize("words, message", [
     ([], "needs the command to run after `--`"),
     (["python", "missing.py"], "the script missing.py does not exist"),
     (["python", "-c", "print(1)"], "other interpreter options are not supported"),
     (["python", "-m"], "`python -m` needs a module name"),
-    (["no-such-program-19"], "no such script or console script"),
+    (["no-such-program-19"], "no-such-program-19: command not found"),
 ])
 def test_resolve_says_what_is_wrong(tmp_path, monkeypatch, words, message):
     monkeypatch.chdir(tmp_path)

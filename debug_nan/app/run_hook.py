@@ -1,0 +1,119 @@
+"""The watch in a process of `debug-nan run -- PROGRAM` that trains: the start-up hook (process/startup_hook.py)
+calls `attach()` at the process's first optimizer, whatever started it (torchrun, a shell script, Lightning's
+launcher, `torch.multiprocessing.spawn`).
+
+The process is watched as under `torchrun -m debug_nan run` (app/run_watch.py's Watch, run_job.py's finish, the ranks'
+agreement over the script's own process group, its rank and world learned from that group). Where it ends, it
+leaves its result in the run's private folder (app/run_folder.py) for the top debug-nan process, which prints the
+one summary and writes the one report after the command ended:
+  * a stop (a trip, --max-steps) ends the process where it is decided, as every rank decides it together: the
+    result, then Ranks.leave (the ranks leave together, with the code);
+  * the script's own exception that nothing caught (sys.excepthook): its micro-batch replayed where the watch saw
+    harm behind it, the result, then Python's own traceback and exit;
+  * any other end (atexit): the last update's check, each rank alone (its parameters are replicas, and another
+    rank may be gone), and the result.
+Rank 0's debug-nan lines go to stderr as they come; another rank's are kept in its result (the top shows them, marked
+with the rank, when that rank ended alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import sys
+
+from debug_nan.app import run_folder
+from debug_nan.app import command as commands
+from debug_nan.app.command import Command
+from debug_nan.app.run_job import finish, result_of
+from debug_nan.app.run_watch import Ending, RunOptions, Watch
+from debug_nan.drivers.run.ranks import Ranks
+from debug_nan.drivers.run.stops import RunStopped
+from debug_nan.errors import InputError
+from debug_nan.presentation.log import Log
+
+_attached: list = []  # the process's HookedWatch (one per process)
+
+
+def attach() -> None:
+    """At the process's first optimizer: the watch's hooks installed (the optimizer being created is the first
+    they see)."""
+    folder = run_folder.this_run()
+    if folder is None or _attached:
+        return
+    given = run_folder.options_of_this_run()
+    options = RunOptions(**{**given, "report": None, "log": None,
+                            "trace_at": tuple(given["trace_at"]) if given.get("trace_at") else None})
+    watch = HookedWatch(options, folder)
+    _attached.append(watch)
+    watch.hooks.install()
+    atexit.register(watch.at_exit)
+    sys.excepthook = watch.excepthook
+    sys.exit = watch.exit
+
+
+def _this_process() -> Command:
+    argv = list(sys.argv)
+    script = os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else ""
+    return Command("script" if script else "process", script, argv, list(getattr(sys, "orig_argv", argv)))
+
+
+class HookedWatch(Watch):
+    def __init__(self, options: RunOptions, folder: run_folder.RunFolder):
+        super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=io.StringIO()),
+                         on_stop=self._stopped)
+        self.folder, self.ended, self.exit_code = folder, False, 0
+        self._excepthook = sys.excepthook
+
+    def attach(self, model, optimizer) -> None:
+        super().attach(model, optimizer)
+        if self.main_rank:  # rank 0 (or the one process): its lines on stderr as they come
+            sys.stderr.write(self.held())
+            self.log.stream = sys.stderr
+
+    # -- how it ends -------------------------------------------------------------------------------------------
+    def _stopped(self, stop: RunStopped) -> None:
+        code, together = self.end(Ending(stop=stop.reason if stop.reason != "error" else None))
+        if self.ranks is not None:
+            self.ranks.leave(code, together)  # (never returns)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def excepthook(self, kind, value, traceback) -> None:
+        if isinstance(value, Exception):
+            self.end(Ending(code=1, error=value))
+        self._excepthook(kind, value, traceback)
+
+    def exit(self, status=None):
+        """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it)."""
+        self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
+        raise SystemExit(status)
+
+    def at_exit(self) -> None:
+        if self.driver is not None and self.driver.session.p.agreement is not None:
+            self.driver.session.p.agreement = None  # (each rank alone: another may be gone, no collective now)
+        code, together = self.end(Ending(code=self.exit_code))
+        if self.ranks is not None and together:
+            self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)
+
+    def end(self, ending: Ending) -> tuple[int, bool]:
+        """The run settled from `ending`, its result left in the run folder -> (exit code, together)."""
+        if self.ended:
+            return 1, False
+        self.ended = True
+        self.hooks.uninstall()
+        if self.driver is None and self.hooks.failure is None:
+            return ending.code, False  # an optimizer, but no training: nothing to say
+        held, error = self.held(), None
+        self.log.stream = io.StringIO()  # (the summary is the top process's: one, after the command ended)
+        try:
+            code, together = finish(self, ending, write=False)
+        except InputError as exc:
+            code, together, error = exc.exit_code, False, str(exc)
+        self.folder.write_result({**result_of(self, ending, code, error), "held": held})
+        return code, together
+
+
+__all__ = ["attach"]

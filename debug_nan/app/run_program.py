@@ -1,0 +1,195 @@
+"""`debug-nan run -- PROGRAM`: a command that is not Python run in this process (torchrun, `accelerate launch`, a
+shell or SLURM script, srun), watched in every Python process beneath it that trains, with ONE answer.
+
+The program runs as a child, as it would alone (its own stdin, stdout, stderr and working directory), with the
+run's private folder (app/run_folder.py) first on its PYTHONPATH: every Python process it starts loads the
+start-up hook, which stays inert until that process creates an optimizer (process/startup_hook.py), and a process
+that trains is watched as a rank under `torchrun -m debug_nan run` is (app/run_hook.py). Ctrl-C reaches the
+program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to it. When it
+has ended, the watched processes' results make one summary (the last block on screen, after any launcher
+traceback) and one report: the rank that made the first non-finite value, the ranks that saw it, each rank's own
+origin, and the exit code (1 for a finding, else the program's own).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from debug_nan.app import command as commands
+from debug_nan.app import run_paths as paths
+from debug_nan.app.run_folder import RunFolder
+from debug_nan.engine.explain.finding import Finding
+from debug_nan.engine.session.outcome import RunResult
+from debug_nan.errors import CommandRaised, InputError
+from debug_nan.presentation.log import Log
+from debug_nan.presentation.outputs import OutputWriteError
+from debug_nan.presentation.report import write_report
+from debug_nan.presentation.summary import write_summary
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # sent to debug-nan alone: passed on (Ctrl-C reaches the group itself)
+
+
+def run_program(command: commands.Command, options) -> int:
+    """Run the program with the hook, wait for its end -> the exit code of the one answer."""
+    log = Log(paths.partial(options.log), follow_stderr=True)
+    log(f"[debug-nan] run: {command.describe()} (a program: every Python process it starts is watched from its "
+        f"first optimizer; debug-nan's lines on stderr, one summary when the program has ended)")
+    started = time.perf_counter()
+    folder = RunFolder().make()
+    try:
+        code, signalled = _run_child(command, folder.environment(options))
+        results = folder.results()
+    finally:
+        folder.remove()
+    try:
+        return answer(results, code, signalled, command, options, log, time.perf_counter() - started)
+    finally:
+        _place_log(log, options)
+
+
+def _run_child(command: commands.Command, env: dict) -> tuple[int, str | None]:
+    """-> (the program's exit code, as a shell gives it: 128 + N for a signal; the signal passed on to it)."""
+    try:
+        child = subprocess.Popen(command.argv, executable=command.target, env=env)
+    except FileNotFoundError:
+        raise InputError(f"debug-nan run -- {command.describe()}: {command.argv[0]}: command not found (not a "
+                         f"file, nor a program on PATH).") from None
+    except PermissionError:
+        raise InputError(f"debug-nan run -- {command.describe()}: {command.argv[0]} is not executable (chmod +x "
+                         f"it, or run it through its interpreter: bash {command.argv[0]} ...).") from None
+    except OSError as exc:
+        raise InputError(f"debug-nan run -- {command.describe()}: {command.argv[0]} cannot be run "
+                         f"({exc.strerror or exc}).") from None
+    passed: list[str] = []
+
+    def pass_on(signum, frame):  # (the signal module's signature)
+        passed.append(signal.Signals(signum).name)
+        child.send_signal(signum)
+
+    saved = {s: signal.signal(s, pass_on) for s in FORWARDED}
+    saved[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: passed.append("SIGINT"))  # (the child has it)
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    return (128 - code if code < 0 else code), (passed[0] if passed else None)
+
+
+def answer(results: list[dict], code: int, signalled: str | None, command: commands.Command, options, log: Log,
+           elapsed: float) -> int:
+    """The watched processes' results and the program's exit code -> the one summary and report; the exit code."""
+    if not results:
+        if signalled is not None:
+            log(f"[debug-nan] interrupted ({signalled}) before any process trained.")
+            return code
+        if code != 0:  # its own failure, before anything trained: its code, as without debug-nan
+            failed = CommandRaised(f"the command failed (exit {code}) before any process it started trained: its "
+                                   f"own error is above.")
+            failed.exit_code = code
+            raise failed
+        raise InputError(f"the command ended (exit {code}) without training: no Python process it started created a "
+                         f"torch.optim optimizer and trained a model with it (debug-nan run watches each process "
+                         f"from its first optimizer: a process of another Python environment than {sys.executable} "
+                         f"is not reached).")
+    world = max(r.get("world") or 1 for r in results)
+    for r in results:  # a rank that ended alone: what it saw, marked with its rank
+        if r.get("held") and r.get("rank") and r["report"].get("status") == "error":
+            for line in r["held"].splitlines():
+                log(f"[rank {r['rank']}] {line}")
+    found = [r for r in results if r["report"].get("first_nonfinite")]
+    chosen = min(found, key=_first) if found else next(
+        (r for r in results if r["report"].get("status") == "error"), results[0])
+    data = dict(chosen["report"])
+    final = 1 if found else code
+    first = data.get("first_nonfinite")
+    if first is not None and world > 1:
+        _name_ranks(first, chosen, found)
+    notes = list(data.get("notes") or [])
+    left = [] if found else _left_early(results, world, code)
+    if left:  # no finding: the rank that left while the others trained is what ended the run
+        data["status"] = "error"
+        data["error"] = " ".join(left) + (f" Then: {data['error']}" if data.get("error") else "")
+    data.update(status="nonfinite" if found else data.get("status", "clean"), exit_code=final, notes=notes,
+                ranks=[_rank_entry(r) for r in results], interrupted=signalled is not None)
+    data["integration"] = {**(data.get("integration") or {}), "framework": "debug-nan run", "kind": "program",
+                           "command": options.command, "world_size": world, "exit_code_of_command": code,
+                           "processes_watched": len(results)}
+    findings = [Finding(**f) for f in data.get("findings") or []]
+    if first is not None:
+        findings[:1] = [Finding(**first)]
+    result = RunResult(status=data["status"], steps_run=data.get("steps_run", 0), finding=findings[0] if findings
+                       else None, findings=findings, error=data.get("error"), notes=notes,
+                       interrupted=signalled is not None, exit_code=final)
+    write_summary(log, result, elapsed, interrupted_by=signalled or "Ctrl-C")
+    report = paths.destination(options.report, "--report", None, log)
+    if report:
+        try:
+            write_report(report, data)
+            log(f"JSON report written to {report}")
+        except OutputWriteError as exc:
+            log(f"  could not write the JSON report: {exc}", "yellow")
+            return 2
+    return final
+
+
+def _first(result: dict) -> tuple:
+    """The order of findings: the earliest step first, then the rank the ranks agreed on, then the lowest rank."""
+    f = result["report"]["first_nonfinite"]
+    own = f.get("rank") if f.get("rank") is not None else result.get("rank")
+    return f["step"], f.get("phase") == "eval", own != result.get("rank"), result.get("rank") or 0
+
+
+def _name_ranks(first: dict, chosen: dict, found: list[dict]) -> None:
+    """Several ranks: the finding names its rank, the ranks that saw it and each rank's own origin."""
+    if first.get("rank") is None:
+        first["rank"] = chosen.get("rank")
+    if not first.get("first_ranks"):
+        first["first_ranks"] = sorted({r["rank"] for r in found if r.get("rank") is not None
+                                       and r["report"]["first_nonfinite"]["step"] == first["step"]})
+    origins = dict(first.get("rank_origins") or {})
+    for r in found:
+        f = r["report"]["first_nonfinite"]
+        if f.get("rank") not in (None, r.get("rank")):  # (the ranks' agreed finding, made by another rank)
+            continue
+        origins.setdefault(str(r["rank"]), f"{f.get('op') or f.get('cause')} at {f.get('source') or f['phase']} "
+                                           f"(step {f['step']}, phase {f['phase']})")
+    first["rank_origins"] = origins or None
+
+
+def _left_early(results: list[dict], world: int, code: int) -> list[str]:
+    """The ranks that left while the others trained (an exit, a kill), each named with how it ended."""
+    if world < 2:
+        return []
+    steps = max(r["report"].get("steps_run", 0) for r in results)
+    seen = {r.get("rank") for r in results}
+    said = [f"Rank {r} ended without a result while the others trained: it was killed or crashed (the command's "
+            f"exit: {code})." for r in range(world) if r not in seen]
+    others_failed = any(r.get("ending") == "error" for r in results)
+    for r in results:
+        ran = r["report"].get("steps_run", 0)
+        if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
+            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
+                        f"with code {r.get('code')}.")
+    return said
+
+
+def _rank_entry(result: dict) -> dict:
+    report, first = result["report"], result["report"].get("first_nonfinite")
+    return {"rank": result.get("rank"), "pid": result.get("pid"), "ending": result.get("ending"),
+            "status": report.get("status"), "steps_run": report.get("steps_run"), "error": report.get("error"),
+            "origin": None if first is None else {k: first.get(k) for k in ("step", "micro_step", "phase", "op",
+                                                                           "source", "module")}}
+
+
+def _place_log(log: Log, options) -> None:
+    if log.copy_path is None:
+        return
+    log.close()
+    notes: list[str] = []
+    paths.place(log.copy_path, options.log, "--log", None, notes.append)
+    for line in notes:
+        log(line, "yellow")

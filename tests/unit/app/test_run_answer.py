@@ -1,0 +1,70 @@
+"""The one answer of `debug-nan run -- PROGRAM` (app/run_program.py `answer`), in this process: the watched
+processes' results (as app/run_folder.py holds them) -> one summary, one report, the exit code."""
+
+import io
+import json
+
+import pytest
+
+from debug_nan.app.command import Command
+from debug_nan.app.run_program import answer
+from debug_nan.app.run_watch import RunOptions
+from debug_nan.errors import CommandRaised, InputError
+from debug_nan.presentation.log import Log
+
+EVAL = {"step": 2, "micro_step": 1, "phase": "eval", "module": "attn", "module_type": "MaskedAttention",
+        "op": "aten._softmax.default", "kind": "nan", "cause": "all_masked_softmax", "explanation": "rows masked",
+        "source": "models.py:35", "suggestions": ["guard the rows"], "rank": None, "first_ranks": None}
+
+
+def result(rank, status="clean", ending="ended", steps=4, finding=None, code=0, error=None):
+    report = {"status": status, "steps_run": steps, "first_nonfinite": finding,
+              "findings": [finding] if finding else [], "error": error, "notes": [], "exit_code": code}
+    return {"rank": rank, "world": 2, "pid": 100 + rank, "ending": ending, "code": code, "report": report,
+            "held": f"[debug-nan] rank {rank}'s lines\n"}
+
+
+def give(results, code, tmp_path):
+    stream = io.StringIO()
+    options = RunOptions(report=str(tmp_path / "run.json"), command=["torchrun", "train.py"])
+    exit_code = answer(results, code, None, Command("program", "/bin/torchrun", ["torchrun"], ["torchrun"]),
+                       options, Log(None, stream=stream), 1.0)
+    return exit_code, stream.getvalue(), json.loads((tmp_path / "run.json").read_text())
+
+
+def test_a_finding_one_rank_made_alone_names_that_rank(tmp_path):
+    code, said, report = give([result(0), result(1, "nonfinite", "trip", 2, dict(EVAL))], 1, tmp_path)
+    assert code == 1 and report["exit_code"] == 1 and report["status"] == "nonfinite"
+    first = report["first_nonfinite"]
+    assert (first["rank"], first["first_ranks"], first["rank_origins"]) == (
+        1, [1], {"1": "aten._softmax.default at models.py:35 (step 2, phase eval)"})
+    assert "where        after step 2, eval batch 1, phase eval, rank 1 (first to see it: rank(s) 1)" in said
+    assert said.count("SUMMARY") == 1 and [r["rank"] for r in report["ranks"]] == [0, 1]
+
+
+def test_a_clean_run_exits_with_the_command_own_code(tmp_path):
+    code, said, report = give([result(0, code=3), result(1, code=3)], 3, tmp_path)
+    assert (code, report["status"], report["exit_code"]) == (3, "clean", 3) and "CLEAN: 4 step(s)" in said
+
+
+def test_a_rank_that_left_while_the_others_trained_is_named_with_its_code(tmp_path):
+    results = [result(0, "error", "error", 2, error="step 3: RuntimeError: Connection closed by peer"),
+               result(1, "clean", "ended", 2, code=3)]
+    code, said, report = give(results, 1, tmp_path)
+    assert code == 1 and report["status"] == "error"
+    assert report["error"].startswith("Rank 1 left the run after 2 step(s) while the others trained: it exited "
+                                      "with code 3. Then: step 3: RuntimeError")
+    assert "[rank 1]" not in said and "Ctrl-C" not in said
+
+
+def test_a_rank_killed_leaves_no_result_and_is_named(tmp_path):
+    code, _, report = give([result(0, "error", "error", 2, error="gloo: connection reset")], 137, tmp_path)
+    assert code == 137 and report["error"].startswith("Rank 1 ended without a result while the others trained")
+
+
+def test_no_process_that_trained_is_bad_input_unless_the_command_failed_on_its_own(tmp_path):
+    with pytest.raises(InputError, match="without training: no Python process it started"):
+        give([], 0, tmp_path)
+    with pytest.raises(CommandRaised, match="the command failed [(]exit 3[)] before any process") as failed:
+        give([], 3, tmp_path)
+    assert failed.value.exit_code == 3
