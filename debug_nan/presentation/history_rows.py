@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.watch.history import History
 
 MAX_ROWS = 16  # rows of layers in the compact view: with the header and the legend, one screen
@@ -28,7 +29,8 @@ class Row:
     """One row: a label (unique in its table), and per history step max |activation| and the gradient norm
     (None: not measured in that step)."""
 
-    name: str  # module path, block path or family range (`layers.0..31`); '' is the model root
+    name: str  # module path as the user wrote it (no wrapper segments), block path or family range (`layers.0..31`);
+    # '' is the model root
     kind: str  # the module type, `Block x 32` for a family
     acts: list[float | None]
     grads: list[float | None]
@@ -44,7 +46,7 @@ def units(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     for path, module in model.named_modules():
         own = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
         if own:
-            out.append((path, type(module).__name__, own))
+            out.append((path, user_class(type(module)).__name__, own))
     return out
 
 
@@ -120,7 +122,7 @@ def build_rows(history: History, model: nn.Module, full: bool = False, finding_m
     if full or len(found) <= MAX_ROWS:
         acts, grads = _measure(history, [[p] for p, _, _ in found], [params for _, _, params in found],
                                [False] * len(found))
-        return [Row(p, kind, a, g) for (p, kind, _), a, g in zip(found, acts, grads)]
+        return [Row(user_path(p), kind, a, g) for (p, kind, _), a, g in zip(found, acts, grads)]
     return _grouped(history, model, found, finding_module)
 
 
@@ -150,26 +152,26 @@ def _grouped(history, model, found, finding_module) -> list[Row]:
     specs: list[tuple[str, str, list[str], list[str]]] = []  # name, kind, activation prefixes, parameters
     for what, name in order:
         if what == "unit":
-            specs.append((name, type(modules[name]).__name__, [name], loose[name]))
+            specs.append((name, user_class(type(modules[name])).__name__, [name], loose[name]))
             continue
         fam = families[name]
         if len(fam) == 1:  # one block: itself
             (block, params), = fam.items()
-            specs.append((block, type(modules[block]).__name__, [block], params))
+            specs.append((block, user_class(type(modules[block])).__name__, [block], params))
             continue
         first, last = (b.rsplit(".", 1)[-1] for b in (next(iter(fam)), list(fam)[-1]))
-        kind = type(modules[next(iter(fam))]).__name__
+        kind = user_class(type(modules[next(iter(fam))])).__name__
         specs.append((f"{name}.{first}..{last}" if name else f"{first}..{last}", f"{kind} x {len(fam)}", list(fam),
                       [p for params in fam.values() for p in params]))
         # with one step there is no growth to rank by: the range row and the block of the finding
         ranked = sorted(fam, key=lambda b: _growth(*per_block[b]), reverse=True)[:TOP_BLOCKS if steps > 1 else 0]
         chosen = set(ranked) | ({target} if target in fam else set())
-        specs += [(b, type(modules[b]).__name__, [b], fam[b]) for b in fam if b in chosen]
+        specs += [(b, user_class(type(modules[b])).__name__, [b], fam[b]) for b in fam if b in chosen]
     if len(specs) > MAX_ROWS:  # many loose units as well: keep the families and the finding's rows first
         specs = _fold_loose(specs, families, target)
     acts, grads = _measure(history, [s[2] for s in specs], [s[3] for s in specs],
                            [s[0] not in loose for s in specs])
-    return [Row(name, kind, a, g) for (name, kind, _, _), a, g in zip(specs, acts, grads)]
+    return [Row(user_path(name), kind, a, g) for (name, kind, _, _), a, g in zip(specs, acts, grads)]
 
 
 def _fold_loose(specs, families, target):

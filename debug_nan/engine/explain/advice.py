@@ -4,6 +4,8 @@ The cause's suggestions (causes/wording.py) say what an op of that kind needs; w
 whether learning-rate advice belongs at all, is decided here from the run:
   * a masked row (the mask's causes): the mask, as the cause's own advice says;
   * a batch holding extreme values (beyond what float32 can square): the data, the sample and its value named;
+  * an overflow born in float16 (autocast, .half()) whose float32 result fits: the precision (causes/precision.py
+    puts its advice first: scale, compute in float32, bf16), not the updates;
   * a micro-batch before any update of this run: the initialisation or the checkpoint loaded, the largest
     parameter named with its magnitude; no learning rate can be the cause, so no such advice;
   * later, an overflow or a non-finite parameter: the weights grew by the updates: the learning rate, warmup,
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from debug_nan.engine.explain.causes.precision import low_dtype
+from debug_nan.engine.sharded import local, user_path
 from debug_nan.engine.stats import flat_tensors
 from debug_nan.engine.vocabulary import Cause, Phase
 from debug_nan.engine.watch.clipping import clipping_seen
@@ -76,19 +80,30 @@ def extreme_batch_value(batch, indices: list[int] | None = None) -> str | None:
 
 
 def largest_parameter(model: nn.Module, event=None) -> tuple[str, float] | None:
-    """(name, largest |value|) of the op's own parameter inputs where it read any, else of the whole model."""
-    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and p.numel()]
+    """(name, largest |value|) of the op's own parameter inputs where it read any, else of the whole model. A
+    sharded parameter is read in this rank's shard (no collective), and one whose storage FSDP has freed is left
+    out."""
+    named = [(user_path(n), local(p)) for n, p in model.named_parameters() if p.is_floating_point()]
+    named = [(n, p) for n, p in named if p.numel() and _storage(p) is not None]
     if not named:
         return None
     with torch.no_grad():
         sizes = [(n, float(torch.nan_to_num(p.detach().abs(), nan=0.0, posinf=0.0).max())) for n, p in named]
     largest = max(sizes, key=lambda kv: kv[1])
-    read = {t.untyped_storage().data_ptr() for _, t in getattr(event, "inputs", []) if t.numel()}
-    ptrs = {n: p.untyped_storage().data_ptr() for n, p in named}
+    read = {_storage(t) for _, t in getattr(event, "inputs", []) if t.numel()}
+    ptrs = {n: _storage(p) for n, p in named}
     own = [(n, v) for n, v in sizes if ptrs[n] in read]
     own_largest = max(own, key=lambda kv: kv[1]) if own else None
     # the op's own weight where it is of the model's largest order, else the largest (the embedding that fed it)
     return own_largest if own_largest is not None and own_largest[1] >= 0.1 * largest[1] else largest
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where `t`'s storage lives, or None where it has none to read (FSDP's freed unsharded parameter)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
 
 
 def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceContext | None, batch=None,
@@ -105,6 +120,9 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
                  f"rescale such samples (normalise the inputs) before the model.")
         rest = [s for s in suggestions if not _mentions(s, _LEARNING_RATE)]
         return [f"{first} (Follows from the batch's statistics.)"] + rest
+    if cause == Cause.OVERFLOW and event is not None and low_dtype(event) == torch.float16 and suggestions:
+        return [f"{suggestions[0]} (Follows from the op's dtype: float16, whose range ends at 65504.)",
+                *suggestions[1:]]
     if ctx.updates == 0 and phase != Phase.OPTIMIZER and cause in GROWTH_CAUSES:
         big = largest_parameter(model, event) if model is not None else None
         named = f": parameter `{big[0]}` holds |w| up to {big[1]:.3g}" if big is not None else ""

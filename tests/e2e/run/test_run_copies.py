@@ -110,14 +110,14 @@ def test_a_task_that_copies_its_model_runs_clean(run_cli, tmp_path):
 
 
 def test_a_failure_of_debug_nan_itself_is_not_blamed_on_the_script(run_here, tmp_path, monkeypatch):
-    from debug_nan.app import run_job as job
+    from debug_nan.app.run_watch import Watch
 
     # a planted bug of debug-nan's own: the hooks call a listener method of the wrong arity
-    monkeypatch.setattr(job.RunListener, "micro_begin", job.RunListener.backward_end)
+    monkeypatch.setattr(Watch, "micro_begin", Watch.backward_end)
     script = write(tmp_path, EPOCHS)
     done, _, stderr = run_here("python", str(script))
     said = " ".join(stderr.split())
-    assert "debug-nan itself failed inside the command (TypeError: RunListener.backward_end() takes 3 " \
+    assert "debug-nan itself failed inside the command (TypeError: Watch.backward_end() takes 3 " \
            "positional arguments but 4 were given, at debug_nan/drivers/run/hooks.py:" in said, stderr
     assert "so this is an error in the script" not in said and done.code != 0
-    assert done.report["error"].startswith("debug-nan failed: TypeError: RunListener.backward_end() takes")
+    assert done.report["error"].startswith("debug-nan failed: TypeError: Watch.backward_end() takes")
