@@ -3,7 +3,6 @@
 import json
 import re
 import subprocess
-import sys
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from debug_nan import torch_support
 from tests.conftest import SCENARIOS, TINY
 from tests.support.once import once
 from tests.support.ports import reserved_port
+from tests.support.warm import python
 
 
 def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedProcess, float]:
@@ -19,7 +19,7 @@ def torchrun(*args: str, cwd, timeout: int = 180) -> tuple[subprocess.CompletedP
     timeout is minutes longer); no test asserts how fast a job ran, which a loaded machine decides."""
     with reserved_port() as port:  # (tests/support/ports.py: no concurrent job can be given it)
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        proc = subprocess.run([python(), "-m", "torch.distributed.run", "--nproc_per_node=2",
                                f"--master_port={port}", "--master_addr=127.0.0.1", "-m", "debug_nan", *args],
                               cwd=cwd, capture_output=True, text=True, timeout=timeout)
         return proc, time.perf_counter() - start

@@ -9,13 +9,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import REPO, SUPPORT
 from tests.support.ports import reserved_port
+from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
@@ -30,7 +30,7 @@ def env() -> dict:
 
 def torchrun(*args: str, cwd: Path, timeout: int = 240, nproc: int = 2) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=NPROC ARGS` in `cwd`, its ranks in the environment above."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    command = [python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(command, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -42,7 +42,7 @@ def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:
 
 
 def _ranks(args, cwd: Path, port: int) -> list[subprocess.CompletedProcess]:
-    procs = [subprocess.Popen([sys.executable, "-m", "debug_nan", *args], cwd=cwd, text=True,
+    procs = [subprocess.Popen([python(), "-m", "debug_nan", *args], cwd=cwd, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

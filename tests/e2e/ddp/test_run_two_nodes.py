@@ -6,11 +6,11 @@ rank 1."""
 
 import json
 import subprocess
-import sys
 
 from tests.e2e.ddp.test_run_ddp import env
 from tests.support import SUPPORT
 from tests.support.ports import reserved_port
+from tests.support.warm import python
 
 SCRIPT = str(SUPPORT / "run" / "shard_script.py")
 
@@ -19,7 +19,7 @@ def test_two_nodes_stop_together_and_rank_0_names_the_global_rank(tmp_path):
     report = tmp_path / "run.json"
     with reserved_port() as port:
         nodes = [subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
+            [python(), "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(n),
              "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
              "--rdzv_id", "two-nodes", "-m", "debug_nan", "run", "--report", str(report), "--", SCRIPT,
              "--shard", "fsdp2", "--bug", "corrupt"],

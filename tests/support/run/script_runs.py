@@ -2,11 +2,11 @@
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from tests.conftest import run_process
+from tests.support.warm import python
 
 
 def write(tmp_path: Path, source: str, name: str = "script.py") -> Path:
@@ -16,7 +16,7 @@ def write(tmp_path: Path, source: str, name: str = "script.py") -> Path:
 
 
 def alone(script: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script), *args], cwd=script.parent, capture_output=True, text=True,
+    return subprocess.run([python(), str(script), *args], cwd=script.parent, capture_output=True, text=True,
                           timeout=300)
 
 
