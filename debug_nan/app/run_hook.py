@@ -23,7 +23,7 @@ import io
 import os
 import sys
 
-from debug_nan.app import run_folder
+from debug_nan.app import run_folder, run_fork
 from debug_nan.app import command as commands
 from debug_nan.app.command import Command
 from debug_nan.app.run_job import finish, result_of
@@ -33,21 +33,21 @@ from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
 
-_attached: list = []  # the process's HookedWatch (one per process)
 
 
 def attach() -> None:
     """At the process's first optimizer: the watch's hooks installed (the optimizer being created is the first
     they see)."""
     folder = run_folder.this_run()
-    if folder is None or _attached:
+    if folder is None or run_fork.attached:
         return
     given = run_folder.options_of_this_run()
     options = RunOptions(**{**given, "report": None, "log": None,
                             "trace_at": tuple(given["trace_at"]) if given.get("trace_at") else None})
     watch = HookedWatch(options, folder)
-    _attached.append(watch)
+    run_fork.attached.append(watch)
     watch.hooks.install()
+    run_fork.watching(watch)
     atexit.register(watch.at_exit)
     sys.excepthook = watch.excepthook
     sys.exit = watch.exit

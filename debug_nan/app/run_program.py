@@ -19,6 +19,7 @@ import sys
 import time
 
 from debug_nan.app import command as commands
+from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import RunFolder
 from debug_nan.engine.explain.finding import Finding
@@ -104,7 +105,8 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     chosen = min(found, key=_first) if found else next(
         (r for r in results if r["report"].get("status") == "error"), results[0])
     data = dict(chosen["report"])
-    final = 1 if found else code
+    refused = [r["code"] for r in results if r.get("ending") == run_fork.REFUSED]  # (a forked child that trained)
+    final = 1 if found else refused[0] if refused else code
     first = data.get("first_nonfinite")
     if first is not None and world > 1:
         _name_ranks(first, chosen, found)
