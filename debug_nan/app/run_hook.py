@@ -21,7 +21,9 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import signal
 import sys
+import threading
 
 from debug_nan.app import run_folder, run_fork
 from debug_nan.app import command as commands
@@ -32,6 +34,7 @@ from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
+from debug_nan.process import interrupts
 
 
 
@@ -49,6 +52,8 @@ def attach() -> None:
     watch.hooks.install()
     run_fork.watching(watch)
     atexit.register(watch.at_exit)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, watch.terminated)  # (the script's own handler, where it has one, stays)
     sys.excepthook = watch.excepthook
     sys.exit = watch.exit
 
@@ -84,7 +89,20 @@ class HookedWatch(Watch):
     def excepthook(self, kind, value, traceback) -> None:
         if isinstance(value, Exception):
             self.end(Ending(code=1, error=value))
+        elif isinstance(value, KeyboardInterrupt):  # (Ctrl-C, which reached the whole command)
+            self.end(Ending(interrupted=value))
         self._excepthook(kind, value, traceback)
+
+    def terminated(self, signum, frame) -> None:
+        """SIGTERM, where the script left it to Python's default: the result (interrupted) is left, then the
+        process dies by SIGTERM as it does without debug-nan."""
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            self.end(Ending(interrupted=KeyboardInterrupt(interrupts.SIGTERM_NAME)))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signum)
 
     def exit(self, status=None):
         """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it)."""

@@ -5,14 +5,16 @@ The program runs as a child, as it would alone (its own stdin, stdout, stderr an
 run's private folder (app/run_folder.py) first on its PYTHONPATH: every Python process it starts loads the
 start-up hook, which stays inert until that process creates an optimizer (process/startup_hook.py), and a process
 that trains is watched as a rank under `torchrun -m debug_nan run` is (app/run_hook.py). Ctrl-C reaches the
-program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to it. When it
-has ended, the watched processes' results make one summary (the last block on screen, after any launcher
+program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to every
+process of the command (as SLURM and `timeout` signal a whole job: a shell script's python gets it, not the shell
+alone). When it has ended, the watched processes' results make one summary (the last block on screen, after any launcher
 traceback) and one report: the rank that made the first non-finite value, the ranks that saw it, each rank's own
 origin, and the exit code (1 for a finding, else the program's own).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from debug_nan.presentation.outputs import OutputWriteError
 from debug_nan.presentation.report import write_report
 from debug_nan.presentation.summary import write_summary
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # sent to debug-nan alone: passed on (Ctrl-C reaches the group itself)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # to every process of the command (Ctrl-C: from the terminal)
 
 
 def run_program(command: commands.Command, options) -> int:
@@ -65,19 +67,66 @@ def _run_child(command: commands.Command, env: dict) -> tuple[int, str | None]:
         raise InputError(f"debug-nan run -- {command.describe()}: {command.argv[0]} cannot be run "
                          f"({exc.strerror or exc}).") from None
     passed: list[str] = []
+    signalled: set[int] = set()
 
     def pass_on(signum, frame):  # (the signal module's signature)
         passed.append(signal.Signals(signum).name)
-        child.send_signal(signum)
+        for pid in _process_tree(child.pid):  # every process of the command, as SLURM and `timeout` signal a job
+            try:
+                os.kill(pid, signum)
+                signalled.add(pid)
+            except OSError:  # (it has ended meanwhile)
+                pass
 
     saved = {s: signal.signal(s, pass_on) for s in FORWARDED}
     saved[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: passed.append("SIGINT"))  # (the child has it)
     try:
         code = child.wait()
+        _wait_for(signalled - {child.pid})  # (a shell's python, leaving its result, may outlive the shell)
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
     return (128 - code if code < 0 else code), (passed[0] if passed else None)
+
+
+def _wait_for(pids: set[int], timeout_s: float = 30.0) -> None:
+    """Until the processes a signal was passed on to have ended (they are not this process's children: polled)."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if _alive(pid)}
+        if pids:
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie has ended)
+    except (OSError, IndexError):
+        return False
+
+
+def _process_tree(pid: int) -> list[int]:
+    """The program's process and every process beneath it, from each process's parent in /proc/PID/stat (Linux;
+    elsewhere the program's process alone)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [pid]
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])  # (the name may hold spaces and parens)
+        except (OSError, ValueError, IndexError):  # (it has ended)
+            continue
+        parents.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        found.append(here)
+        todo += parents.get(here, [])
+    return found
 
 
 def answer(results: list[dict], code: int, signalled: str | None, command: commands.Command, options, log: Log,
