@@ -219,9 +219,12 @@ def _left_early(results: list[dict], world: int, code: int) -> list[str]:
     seen = {r.get("rank") for r in results}
     said = [f"Rank {r} ended without a result while the others trained: it was killed or crashed (the command's "
             f"exit: {code})." for r in range(world) if r not in seen]
-    others_failed = any(r.get("ending") == "error" for r in results)
+    # (a rank the launcher stopped by SIGTERM, once another left, leaves its result as interrupted: not a leaver)
+    others_failed = any(r.get("ending") == "error" or r["report"].get("interrupted") for r in results)
     for r in results:
         ran = r["report"].get("steps_run", 0)
+        if r["report"].get("interrupted"):
+            continue
         if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
             said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
                         f"with code {r.get('code')}.")
