@@ -44,11 +44,11 @@ def run_program(command: commands.Command, options) -> int:
     folder = RunFolder().make()
     try:
         code, signalled = _run_child(command, folder.environment(options))
-        results = folder.results()
+        results, launched = folder.results(), folder.launcher_failures()
     finally:
         folder.remove()
     try:
-        return answer(results, code, signalled, command, options, log, time.perf_counter() - started)
+        return answer(results, code, signalled, command, options, log, time.perf_counter() - started, launched)
     finally:
         _place_log(log, options)
 
@@ -130,8 +130,9 @@ def _process_tree(pid: int) -> list[int]:
 
 
 def answer(results: list[dict], code: int, signalled: str | None, command: commands.Command, options, log: Log,
-           elapsed: float) -> int:
-    """The watched processes' results and the program's exit code -> the one summary and report; the exit code."""
+           elapsed: float, launched: dict[int, int] | None = None) -> int:
+    """The watched processes' results and the program's exit code (and `launched`: the launcher's exit code of each
+    worker that failed, by rank) -> the one summary and report; the exit code."""
     if not results:
         if signalled is not None:
             log(f"[debug-nan] interrupted ({signalled}) before any process trained.")
@@ -160,7 +161,7 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     if first is not None and world > 1:
         _name_ranks(first, chosen, found)
     notes = list(data.get("notes") or [])
-    left = [] if found else _left_early(results, world, code)
+    left = [] if found else _left_early(results, world, code, launched or {})
     if left:  # no finding: the rank that left while the others trained is what ended the run
         data["status"] = "error"
         data["error"] = " ".join(left) + (f" Then: {data['error']}" if data.get("error") else "")
@@ -211,14 +212,14 @@ def _name_ranks(first: dict, chosen: dict, found: list[dict]) -> None:
     first["rank_origins"] = origins or None
 
 
-def _left_early(results: list[dict], world: int, code: int) -> list[str]:
-    """The ranks that left while the others trained (an exit, a kill), each named with how it ended."""
+def _left_early(results: list[dict], world: int, code: int, launched: dict[int, int]) -> list[str]:
+    """The ranks that left while the others trained (an exit, a kill), each named with how it ended (a rank that
+    left no result: as its launcher saw it end, where it said)."""
     if world < 2:
         return []
     steps = max(r["report"].get("steps_run", 0) for r in results)
     seen = {r.get("rank") for r in results}
-    said = [f"Rank {r} ended without a result while the others trained: it was killed or crashed (the command's "
-            f"exit: {code})." for r in range(world) if r not in seen]
+    said = [_without_result(r, launched.get(r), code) for r in range(world) if r not in seen]
     # (a rank the launcher stopped by SIGTERM, once another left, leaves its result as interrupted: not a leaver)
     others_failed = any(r.get("ending") == "error" or r["report"].get("interrupted") for r in results)
     for r in results:
@@ -229,6 +230,21 @@ def _left_early(results: list[dict], world: int, code: int) -> list[str]:
             said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
                         f"with code {r.get('code')}.")
     return said
+
+
+def _without_result(rank: int, exitcode: int | None, code: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return (f"Rank {rank} was killed by {name} while the others trained (its launcher saw exit code {exitcode}; "
+                f"the command's exit: {code}).")
+    if exitcode is not None:
+        return (f"Rank {rank} exited with code {exitcode} while the others trained, without a result (the "
+                f"command's exit: {code}).")
+    return (f"Rank {rank} ended without a result while the others trained: it was killed or crashed (the command's "
+            f"exit: {code}).")
 
 
 def _rank_entry(result: dict) -> dict:
