@@ -90,6 +90,7 @@ class HookedWatch(Watch):
         if isinstance(value, Exception):
             self.end(Ending(code=1, error=value))
         elif isinstance(value, KeyboardInterrupt):  # (Ctrl-C, which reached the whole command)
+            self.alone()
             self.end(Ending(interrupted=value))
         self._excepthook(kind, value, traceback)
 
@@ -98,6 +99,7 @@ class HookedWatch(Watch):
         process dies by SIGTERM as it does without debug-nan."""
         signal.signal(signum, signal.SIG_DFL)
         try:
+            self.alone()
             self.end(Ending(interrupted=KeyboardInterrupt(interrupts.SIGTERM_NAME)))
         finally:
             sys.stdout.flush()
@@ -109,9 +111,13 @@ class HookedWatch(Watch):
         self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
         raise SystemExit(status)
 
-    def at_exit(self) -> None:
+    def alone(self) -> None:
+        """From here each rank settles alone: another may be gone, no collective now."""
         if self.driver is not None and self.driver.session.p.agreement is not None:
-            self.driver.session.p.agreement = None  # (each rank alone: another may be gone, no collective now)
+            self.driver.session.p.agreement = None
+
+    def at_exit(self) -> None:
+        self.alone()
         code, together = self.end(Ending(code=self.exit_code))
         if self.ranks is not None and together:
             self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)
