@@ -1,7 +1,7 @@
 """A script that trains in a forked worker (multiprocessing's "fork" start method), as a user writes it:
 
     python forked.py early      the worker is forked before the parent creates any optimizer, and trains 4 steps;
-                                rank-less, its batch of step 3 has targets ~1e20 (its squared error overflows)
+                                its batch of step 3 has targets ~1e20 (its squared error overflows)
     python forked.py late       the parent trains one step first, then forks the worker, which trains
 
 The worker prints a line per step; the parent exits with the worker's exit code.
