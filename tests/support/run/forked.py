@@ -2,7 +2,7 @@
 
     python forked.py early      the worker is forked before the parent creates any optimizer, and trains 4 steps;
                                 its batch of step 3 has targets ~1e20 (its squared error overflows)
-    python forked.py late       the parent trains one step first, then forks the worker, which trains
+    python forked.py late       the parent trains its 4 steps first, then forks the worker, which trains
 
 The worker prints a line per step; the parent exits with the worker's exit code.
 """
