@@ -101,9 +101,10 @@ class Check:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def run(self, item: Item, args: list[str], cwd: Path = REPO) -> Done:
+    def run(self, item: Item, args: list[str], cwd: Path = REPO, stdout: Path | None = None) -> Done:
         """`python ARGS` in cwd, in its own process group (stopping it at the budget stops its children too); its
-        output goes to a log file. BudgetOut when the budget ends first."""
+        output goes to a log file (with `stdout`: its stdout to that file alone, for a byte-for-byte comparison).
+        BudgetOut when the budget ends first."""
         item.commands.append(shlex.join(["python", *map(str, args)]) + ("" if cwd == REPO else f"   (in {cwd})"))
         left = self.left()
         if left <= 1:
@@ -117,8 +118,13 @@ class Check:
         with open(log, "w") as stream:
             stream.write(item.commands[-1] + "\n\n")
             stream.flush()
-            proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, stdout=stream,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            apart = open(stdout, "w") if stdout is not None else None
+            try:
+                proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, stdout=apart or stream,
+                                        stderr=stream if apart else subprocess.STDOUT, start_new_session=True)
+            finally:
+                if apart is not None:
+                    apart.close()
             try:
                 rc = proc.wait(timeout=left)
             except BaseException as exc:  # the budget, or Ctrl-C: its own session would not see the SIGINT

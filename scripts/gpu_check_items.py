@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from gpu_check_launchers import launchers
 from gpu_check_precision import mixed_precision
 from gpu_check_probes import NO_CUDA, all_masked_sdpa, encoder_fast_path_nan, watch_syncs
 
@@ -352,6 +353,8 @@ POOLED = [  # the longest first
     ("fsdp2_run", "`torchrun -m debug_nan run` on FSDP2 (NCCL on CUDA): clean output, lr 1e30 named", fsdp2_run),
     ("aam_fsdp_run", "AAM's own `pretrain --fsdp` path under `torchrun -m debug_nan run`: clean, rank named",
      aam_fsdp_run),
+    ("launchers", "`debug-nan run -- torchrun ...` and Lightning's own DDP launcher on NCCL (2 GPUs): clean "
+     "output, rank 1's overflow named", launchers),
     ("mixed_precision", "fp16 through `debug-nan run`: a real GradScaler, an fp16 overflow, SDPA flash / "
      "memory-efficient in fp16", mixed_precision),
     ("memory", "peak memory, watched vs plain, each --snapshot mode", memory),

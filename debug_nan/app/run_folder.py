@@ -1,7 +1,8 @@
 """The private folder of one `debug-nan run -- PROGRAM`: the start-up hook every Python process of the command loads
 (`hook/sitecustomize.py`, a copy of process/startup_hook.py) and the results its watched processes leave
-(`results/<pid>.json`, one per process that trained: its rank, how it ended, its report). Made in the system's
-temporary folder and removed when the run ends: nothing is installed or left behind.
+(`results/<pid>.json`, one per process that trained: its rank, how it ended, its report), and what a launcher said
+of the workers that failed (`launcher/<pid>.json`: torchrun's ChildFailedError, a killed rank's signal). Made in the
+system's temporary folder and removed when the run ends: nothing is installed or left behind.
 
 A result, as a watched process writes it (atomically: a reader never sees half of one):
   {"rank": 1, "world": 2, "pid": 4242, "ending": "trip" | "max-steps" | "error" | "ended",
@@ -74,6 +75,18 @@ class RunFolder:
             except (OSError, ValueError):
                 continue
         return sorted(found, key=lambda r: (r.get("rank") or 0, r.get("pid") or 0))
+
+    def launcher_failures(self) -> dict[int, int]:
+        """What a launcher said of the workers that failed (startup_hook._launcher_failures): {global rank: its
+        exit code, negative for a signal}."""
+        said: dict[int, int] = {}
+        for path in sorted((self.path / "launcher").glob("*.json")):
+            try:
+                said.update({int(r): f["exitcode"] for r, f in json.loads(path.read_text()).items()
+                             if isinstance(f.get("exitcode"), int)})
+            except (OSError, ValueError, AttributeError):
+                continue
+        return said
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import signal
 import sys
+import threading
 
-from debug_nan.app import run_folder
+from debug_nan.app import run_folder, run_fork
 from debug_nan.app import command as commands
 from debug_nan.app.command import Command
 from debug_nan.app.run_job import finish, result_of
@@ -32,23 +34,26 @@ from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
+from debug_nan.process import interrupts
 
-_attached: list = []  # the process's HookedWatch (one per process)
 
 
 def attach() -> None:
     """At the process's first optimizer: the watch's hooks installed (the optimizer being created is the first
     they see)."""
     folder = run_folder.this_run()
-    if folder is None or _attached:
+    if folder is None or run_fork.attached:
         return
     given = run_folder.options_of_this_run()
     options = RunOptions(**{**given, "report": None, "log": None,
                             "trace_at": tuple(given["trace_at"]) if given.get("trace_at") else None})
     watch = HookedWatch(options, folder)
-    _attached.append(watch)
+    run_fork.attached.append(watch)
     watch.hooks.install()
+    run_fork.watching(watch)
     atexit.register(watch.at_exit)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, watch.terminated)  # (the script's own handler, where it has one, stays)
     sys.excepthook = watch.excepthook
     sys.exit = watch.exit
 
@@ -84,16 +89,35 @@ class HookedWatch(Watch):
     def excepthook(self, kind, value, traceback) -> None:
         if isinstance(value, Exception):
             self.end(Ending(code=1, error=value))
+        elif isinstance(value, KeyboardInterrupt):  # (Ctrl-C, which reached the whole command)
+            self.alone()
+            self.end(Ending(interrupted=value))
         self._excepthook(kind, value, traceback)
+
+    def terminated(self, signum, frame) -> None:
+        """SIGTERM, where the script left it to Python's default: the result (interrupted) is left, then the
+        process dies by SIGTERM as it does without debug-nan."""
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            self.alone()
+            self.end(Ending(interrupted=KeyboardInterrupt(interrupts.SIGTERM_NAME)))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signum)
 
     def exit(self, status=None):
         """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it)."""
         self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
         raise SystemExit(status)
 
-    def at_exit(self) -> None:
+    def alone(self) -> None:
+        """From here each rank settles alone: another may be gone, no collective now."""
         if self.driver is not None and self.driver.session.p.agreement is not None:
-            self.driver.session.p.agreement = None  # (each rank alone: another may be gone, no collective now)
+            self.driver.session.p.agreement = None
+
+    def at_exit(self) -> None:
+        self.alone()
         code, together = self.end(Ending(code=self.exit_code))
         if self.ranks is not None and together:
             self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)

@@ -5,20 +5,23 @@ The program runs as a child, as it would alone (its own stdin, stdout, stderr an
 run's private folder (app/run_folder.py) first on its PYTHONPATH: every Python process it starts loads the
 start-up hook, which stays inert until that process creates an optimizer (process/startup_hook.py), and a process
 that trains is watched as a rank under `torchrun -m debug_nan run` is (app/run_hook.py). Ctrl-C reaches the
-program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to it. When it
-has ended, the watched processes' results make one summary (the last block on screen, after any launcher
+program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to every
+process of the command (as SLURM and `timeout` signal a whole job: a shell script's python gets it, not the shell
+alone). When it has ended, the watched processes' results make one summary (the last block on screen, after any launcher
 traceback) and one report: the rank that made the first non-finite value, the ranks that saw it, each rank's own
 origin, and the exit code (1 for a finding, else the program's own).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 
 from debug_nan.app import command as commands
+from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import RunFolder
 from debug_nan.engine.explain.finding import Finding
@@ -29,7 +32,7 @@ from debug_nan.presentation.outputs import OutputWriteError
 from debug_nan.presentation.report import write_report
 from debug_nan.presentation.summary import write_summary
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # sent to debug-nan alone: passed on (Ctrl-C reaches the group itself)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # to every process of the command (Ctrl-C: from the terminal)
 
 
 def run_program(command: commands.Command, options) -> int:
@@ -41,11 +44,11 @@ def run_program(command: commands.Command, options) -> int:
     folder = RunFolder().make()
     try:
         code, signalled = _run_child(command, folder.environment(options))
-        results = folder.results()
+        results, launched = folder.results(), folder.launcher_failures()
     finally:
         folder.remove()
     try:
-        return answer(results, code, signalled, command, options, log, time.perf_counter() - started)
+        return answer(results, code, signalled, command, options, log, time.perf_counter() - started, launched)
     finally:
         _place_log(log, options)
 
@@ -64,24 +67,72 @@ def _run_child(command: commands.Command, env: dict) -> tuple[int, str | None]:
         raise InputError(f"debug-nan run -- {command.describe()}: {command.argv[0]} cannot be run "
                          f"({exc.strerror or exc}).") from None
     passed: list[str] = []
+    signalled: set[int] = set()
 
     def pass_on(signum, frame):  # (the signal module's signature)
         passed.append(signal.Signals(signum).name)
-        child.send_signal(signum)
+        for pid in _process_tree(child.pid):  # every process of the command, as SLURM and `timeout` signal a job
+            try:
+                os.kill(pid, signum)
+                signalled.add(pid)
+            except OSError:  # (it has ended meanwhile)
+                pass
 
     saved = {s: signal.signal(s, pass_on) for s in FORWARDED}
     saved[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: passed.append("SIGINT"))  # (the child has it)
     try:
         code = child.wait()
+        _wait_for(signalled - {child.pid})  # (a shell's python, leaving its result, may outlive the shell)
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
     return (128 - code if code < 0 else code), (passed[0] if passed else None)
 
 
+def _wait_for(pids: set[int], timeout_s: float = 30.0) -> None:
+    """Until the processes a signal was passed on to have ended (they are not this process's children: polled)."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if _alive(pid)}
+        if pids:
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie has ended)
+    except (OSError, IndexError):
+        return False
+
+
+def _process_tree(pid: int) -> list[int]:
+    """The program's process and every process beneath it, from each process's parent in /proc/PID/stat (Linux;
+    elsewhere the program's process alone)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [pid]
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])  # (the name may hold spaces and parens)
+        except (OSError, ValueError, IndexError):  # (it has ended)
+            continue
+        parents.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        found.append(here)
+        todo += parents.get(here, [])
+    return found
+
+
 def answer(results: list[dict], code: int, signalled: str | None, command: commands.Command, options, log: Log,
-           elapsed: float) -> int:
-    """The watched processes' results and the program's exit code -> the one summary and report; the exit code."""
+           elapsed: float, launched: dict[int, int] | None = None) -> int:
+    """The watched processes' results and the program's exit code (and `launched`: the launcher's exit code of each
+    worker that failed, by rank) -> the one summary and report; the exit code."""
     if not results:
         if signalled is not None:
             log(f"[debug-nan] interrupted ({signalled}) before any process trained.")
@@ -104,12 +155,13 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     chosen = min(found, key=_first) if found else next(
         (r for r in results if r["report"].get("status") == "error"), results[0])
     data = dict(chosen["report"])
-    final = 1 if found else code
+    refused = [r["code"] for r in results if r.get("ending") == run_fork.REFUSED]  # (a forked child that trained)
+    final = 1 if found else refused[0] if refused else code
     first = data.get("first_nonfinite")
     if first is not None and world > 1:
         _name_ranks(first, chosen, found)
     notes = list(data.get("notes") or [])
-    left = [] if found else _left_early(results, world, code)
+    left = [] if found else _left_early(results, world, code, launched or {})
     if left:  # no finding: the rank that left while the others trained is what ended the run
         data["status"] = "error"
         data["error"] = " ".join(left) + (f" Then: {data['error']}" if data.get("error") else "")
@@ -160,21 +212,39 @@ def _name_ranks(first: dict, chosen: dict, found: list[dict]) -> None:
     first["rank_origins"] = origins or None
 
 
-def _left_early(results: list[dict], world: int, code: int) -> list[str]:
-    """The ranks that left while the others trained (an exit, a kill), each named with how it ended."""
+def _left_early(results: list[dict], world: int, code: int, launched: dict[int, int]) -> list[str]:
+    """The ranks that left while the others trained (an exit, a kill), each named with how it ended (a rank that
+    left no result: as its launcher saw it end, where it said)."""
     if world < 2:
         return []
     steps = max(r["report"].get("steps_run", 0) for r in results)
     seen = {r.get("rank") for r in results}
-    said = [f"Rank {r} ended without a result while the others trained: it was killed or crashed (the command's "
-            f"exit: {code})." for r in range(world) if r not in seen]
-    others_failed = any(r.get("ending") == "error" for r in results)
+    said = [_without_result(r, launched.get(r), code) for r in range(world) if r not in seen]
+    # (a rank the launcher stopped by SIGTERM, once another left, leaves its result as interrupted: not a leaver)
+    others_failed = any(r.get("ending") == "error" or r["report"].get("interrupted") for r in results)
     for r in results:
         ran = r["report"].get("steps_run", 0)
+        if r["report"].get("interrupted"):
+            continue
         if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
             said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
                         f"with code {r.get('code')}.")
     return said
+
+
+def _without_result(rank: int, exitcode: int | None, code: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return (f"Rank {rank} was killed by {name} while the others trained (its launcher saw exit code {exitcode}; "
+                f"the command's exit: {code}).")
+    if exitcode is not None:
+        return (f"Rank {rank} exited with code {exitcode} while the others trained, without a result (the "
+                f"command's exit: {code}).")
+    return (f"Rank {rank} ended without a result while the others trained: it was killed or crashed (the command's "
+            f"exit: {code}).")
 
 
 def _rank_entry(result: dict) -> dict:

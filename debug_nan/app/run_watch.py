@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from debug_nan.app import command as commands
+from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
 from debug_nan.drivers.framework_outputs import Outputs, run_settings
 from debug_nan.drivers.run.driver import RunDriver
@@ -105,6 +106,7 @@ class Watch:
     def run(self) -> Ending:
         """Run the command here with the hooks installed -> how it ended."""
         self.hooks.install()
+        run_fork.watching(self)
         was_deterministic = deterministic_algorithms(self.options.deterministic)
         paths.record_opens(True)  # an output path the command opens is not written over (paths.py)
         try:
@@ -120,6 +122,7 @@ class Watch:
             return Ending(error=exc)
         finally:
             paths.record_opens(False)
+            run_fork.done(self)
             self.hooks.uninstall()
             torch.use_deterministic_algorithms(was_deterministic)
 

@@ -5,11 +5,12 @@ interpreter start-up, as coverage.py and opentelemetry-instrument reach every pr
 
 Standard library only, and inert until the process trains: it runs the user's own sitecustomize (the next one on
 sys.path), takes its folder off sys.path again, and waits for `torch` to be imported (one name check per import);
-then it wraps `torch.optim.Optimizer.__init__` and nothing else. The first optimizer the process creates imports
-debug-nan and attaches its watch there (`ATTACH`, debug_nan/app/run_hook.py), before that optimizer exists; a
-process that never creates one (the launcher's agent, a DataLoader worker, the shell's helpers) runs as without
-debug-nan. Switched on by DEBUG_NAN_RUN_DIR (the private run folder); a process where debug-nan cannot be imported
-(another interpreter) is left alone.
+then it wraps `torch.optim.Optimizer.__init__` and nothing else (besides sys.excepthook, which leaves a launcher's
+ChildFailedError, the exit code of a worker killed before it could say so, for the answer: `_launcher_failures`).
+The first optimizer the process creates imports debug-nan and attaches its watch there (`ATTACH`,
+debug_nan/app/run_hook.py), before that optimizer exists; a process that never creates one (the launcher's agent,
+a DataLoader worker, the shell's helpers) runs as without debug-nan. Switched on by DEBUG_NAN_RUN_DIR (the private
+run folder); a process where debug-nan cannot be imported (another interpreter) is left alone.
 """
 
 import os
@@ -94,6 +95,30 @@ def arm(torch) -> None:
     optimizer.__init__ = first_optimizer
 
 
+def _launcher_failures(original):
+    """sys.excepthook of a process of the run: a launcher's ChildFailedError (torchrun's, naming each failed
+    worker's global rank, pid and exit code: -9 for SIGKILL) is left in the run folder (`launcher/<pid>.json`) for
+    the one answer, since a killed rank cannot say how it ended; then Python's own traceback, as without debug-nan."""
+
+    def excepthook(kind, value, traceback):
+        failures = getattr(value, "failures", None) if kind.__name__ == "ChildFailedError" else None
+        folder = os.environ.get(RUN_DIR)
+        if isinstance(failures, dict) and folder:
+            try:
+                import json
+
+                said = {str(rank): {"exitcode": getattr(f, "exitcode", None), "pid": getattr(f, "pid", None)}
+                        for rank, f in failures.items()}
+                os.makedirs(os.path.join(folder, "launcher"), exist_ok=True)
+                with open(os.path.join(folder, "launcher", f"{os.getpid()}.json"), "w") as out:
+                    json.dump(said, out)
+            except Exception:  # noqa: BLE001 - (what the launcher said is a detail of the answer: its traceback shows)
+                pass
+        original(kind, value, traceback)
+
+    return excepthook
+
+
 def start(path: str) -> None:
     """At interpreter start-up, from the run folder's sitecustomize.py (`path`)."""
     here = os.path.dirname(os.path.abspath(path))
@@ -101,6 +126,7 @@ def start(path: str) -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]  # the script's sys.path as usual
     if not os.environ.get(RUN_DIR):
         return
+    sys.excepthook = _launcher_failures(sys.excepthook)
     if "torch" in sys.modules:  # (the user's sitecustomize imported it)
         arm(sys.modules["torch"])
     else:

@@ -13,8 +13,8 @@ from tests.support.warm import python
 SCRIPT = str(REPO / "scripts" / "gpu_check.py")
 NO_CUDA = "skipped (no CUDA)"
 ITEMS = ["watch_syncs", "all_masked_sdpa", "demo_job", "cuda_tests", "gpt_run", "fsdp2_run", "aam_fsdp_run",
-         "mixed_precision", "memory", "all_masked_encoder", "oom", "overhead", "run_overhead"]
-SKIPPED_ON_CPU = ("oom", "aam_fsdp_run", "mixed_precision")  # (CUDA-only items: no command runs)
+         "launchers", "mixed_precision", "memory", "all_masked_encoder", "oom", "overhead", "run_overhead"]
+SKIPPED_ON_CPU = ("oom", "aam_fsdp_run", "launchers", "mixed_precision")  # (CUDA-only items: no command runs)
 
 
 def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
@@ -45,7 +45,7 @@ def test_quick_run_passes_with_real_figures(quick):
 def passes_and_writes_json_and_table(proc, report, items, out):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(items) == ITEMS
-    assert report["counts"] == {"pass": 10, "fail": 0, "skipped": 3, "not run": 0}
+    assert report["counts"] == {"pass": 10, "fail": 0, "skipped": 4, "not run": 0}
     env = report["environment"]
     assert env["device"] == "cpu" and env["gpu"] is None and env["torch"].startswith("2.")
     assert report["command"].startswith("python scripts/gpu_check.py --device cpu --quick")

@@ -1,7 +1,7 @@
 """A Lightning script as a user writes it (no debug-nan inside) whose DDP ranks Lightning starts itself: `python
 lightning_launched.py` re-runs this script once per other rank (Lightning's subprocess launcher, gloo on CPU).
 
-    python lightning_launched.py [--bug none|overflow|eval]
+    python lightning_launched.py [--bug none|overflow|eval] [--accelerator cpu|gpu]
 
 Two ranks train the masked-attention net of tests/support/models.py for 4 steps, a validation pass after each step;
 rank 0 prints each step's training loss. --bug overflow: rank 1's batch of step 3 has targets ~1e20 (its squared
@@ -23,6 +23,7 @@ from tests.support import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--bug", default="none", choices=["none", "overflow", "eval"])
+parser.add_argument("--accelerator", default="cpu", help="cpu (gloo) or gpu (NCCL, one GPU per rank)")
 args = parser.parse_args()
 STEPS, WORLD = 4, 2
 
@@ -57,7 +58,7 @@ class Lit(models.Net, pl.LightningModule):
 torch.manual_seed(0)
 train = models.batches(labels=True, n=STEPS * WORLD, big_at=(2 * WORLD + 1,) if args.bug == "overflow" else ())
 checks = models.batches(n=STEPS * WORLD, seed=1, empty_at=(1 * WORLD + 1,) if args.bug == "eval" else ())
-trainer = pl.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp", max_steps=STEPS, val_check_interval=1,
+trainer = pl.Trainer(accelerator=args.accelerator, devices=WORLD, strategy="ddp", max_steps=STEPS, val_check_interval=1,
                      limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
 trainer.fit(Lit(), DataLoader(Batches(train), batch_size=None), DataLoader(Batches(checks), batch_size=None))

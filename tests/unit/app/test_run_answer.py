@@ -57,6 +57,26 @@ def test_a_rank_that_left_while_the_others_trained_is_named_with_its_code(tmp_pa
     assert "[rank 1]" not in said and "Ctrl-C" not in said
 
 
+def test_a_rank_its_launcher_stopped_by_sigterm_is_not_the_one_that_left(tmp_path):
+    stopped = result(0, "clean", "ended", 2, code=143)
+    stopped["report"]["interrupted"] = True  # (torchrun's SIGTERM once rank 1 had exited)
+    code, said, report = give([stopped, result(1, "clean", "ended", 2, code=3)], 1, tmp_path)
+    assert (code, report["status"], report["interrupted"]) == (1, "error", False)
+    assert report["error"] == ("Rank 1 left the run after 2 step(s) while the others trained: it exited with code "
+                               "3.")
+    assert "Ctrl-C" not in said and "SIGTERM" not in said
+
+
+def test_a_forked_worker_refused_is_exit_2_whatever_the_command_exits_with(tmp_path):
+    refused = {"rank": None, "world": 1, "pid": 7, "code": 2, "ending": "refused", "held": "",
+               "report": {"status": "error", "steps_run": 0, "first_nonfinite": None, "findings": [],
+                          "error": "process 7 was forked ...", "exit_code": 2}}
+    code, said, report = give([refused], 0, tmp_path)
+    assert (code, report["status"], report["exit_code"], report["error"]) == (2, "error", 2,
+                                                                              "process 7 was forked ...")
+    assert "ERROR after 0 step(s) (exit 2)" in said
+
+
 def test_a_rank_killed_leaves_no_result_and_is_named(tmp_path):
     code, _, report = give([result(0, "error", "error", 2, error="gloo: connection reset")], 137, tmp_path)
     assert code == 137 and report["error"].startswith("Rank 1 ended without a result while the others trained")

@@ -79,3 +79,25 @@ def test_aams_fsdp_item_skips_with_its_reason_without_cuda_or_without_aams_fsdp_
         assert item.status == "skipped" and item.reason.startswith(reason), item.reason
         assert item.figures == {} and item.commands == []
     assert item.reason.endswith("check out 6f65d20")
+
+
+def test_the_launcher_item_skips_with_its_reason_without_two_gpus(monkeypatch):
+    """launchers (NCCL, one GPU per rank) runs nothing on the CPU nor on one GPU, and says why."""
+    monkeypatch.setattr(sys, "path", [str(REPO / "scripts"), *sys.path])
+    import torch
+    from gpu_check import Item
+    from gpu_check_launchers import launchers
+
+    class Check:
+        cuda = False
+
+        def run(self, *args, **kwargs):
+            raise AssertionError("a skipped item runs no command")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for cuda, reason in [(False, "skipped (no CUDA): NCCL launches need 2 GPUs"),
+                         (True, "needs 2 CUDA GPUs (one per rank), 1 here")]:
+        check, item = Check(), Item("launchers", "launchers")
+        check.cuda = cuda
+        launchers(check, item)
+        assert (item.status, item.reason.startswith(reason), item.commands) == ("skipped", True, []), item.reason
