@@ -12,16 +12,13 @@ whose state is not its __getstate__'s), it copies and pickles as a no-op of the 
 Under torch.compile, dynamo would trace the hooks into the user's graph (and break it at `time.perf_counter`):
 `skip_compiled` hooks return at once inside a graph being traced (nothing of them is captured; the module outputs
 of a compiled region are then not measured), `eager` ones run eagerly (torch.compiler.disable: a graph break, for
-the root's pre-hook only, before its whole forward). torch.compiler.disable imports torch._dynamo (about 2 s of CPU
-at start-up), and nothing can be traced before torch._dynamo is imported, so an `eager` hook is disabled for dynamo
-when dynamo's module has loaded: at once if it is in sys.modules, else by `_AfterDynamo` as its import ends.
+the root's pre-hook only, before its whole forward).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import weakref
 
 import torch
 
@@ -67,14 +64,12 @@ class ModuleHook:
     """A forward (pre-)hook callable for a user's module: calls `call`; a deep copy or a pickle of it is a no-op
     any Python can load (`sys.audit(LEFT_BEHIND)`)."""
 
-    __slots__ = ("call", "__weakref__")
+    __slots__ = ("call",)
 
     def __init__(self, call, compiled: str = "skip"):
         if compiled not in ("skip", "eager"):
             raise ValueError(compiled)
-        self.call = call if compiled == "eager" else _skip_compiled(call)
-        if compiled == "eager":
-            _AfterDynamo.disable(self)
+        self.call = torch.compiler.disable(call) if compiled == "eager" else _skip_compiled(call)
 
     def __call__(self, *args):
         return self.call(*args)
@@ -90,51 +85,3 @@ def _skip_compiled(call):
         return call(*args)
 
     return hook
-
-
-class _AfterDynamo:
-    """Disables `eager` hooks for dynamo (torch.compiler.disable) once torch._dynamo is loaded: a meta path finder
-    that sees its import go by and, when its module has run, disables the hooks made before."""
-
-    waiting: weakref.WeakSet = weakref.WeakSet()
-
-    @classmethod
-    def disable(cls, hook: ModuleHook) -> None:
-        if "torch._dynamo" in sys.modules:
-            hook.call = torch.compiler.disable(hook.call)
-            return
-        cls.waiting.add(hook)
-        if not any(isinstance(f, cls) for f in sys.meta_path):
-            sys.meta_path.insert(0, cls())
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch._dynamo":
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _DisableAfter(spec.loader)
-                return spec
-        return None
-
-
-class _DisableAfter:
-    """torch._dynamo's own loader, which disables the waiting hooks once its module has run."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self.loader  # (its own, for whoever reads it later)
-        for hook in list(_AfterDynamo.waiting):
-            hook.call = torch.compiler.disable(hook.call)
-        _AfterDynamo.waiting.clear()
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
