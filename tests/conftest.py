@@ -30,11 +30,24 @@ def pytest_configure(config):
         os.environ.pop("DEBUG_NAN_BUNDLE_KEY", None)
 
 
+# The longest tests first, so that pytest-xdist's workers end together: the GPU check's CPU quick run (minutes of
+# one worker), then the tests whose processes are their subject (torchrun's ranks, signals, the scripts); the
+# short ones fill the end. Stable: within each group, collection order.
+LONGEST_FIRST = (("tests", "e2e", "scripts", "test_gpu_check.py"), ("tests", "e2e", "ddp"), ("tests", "e2e", "process"),
+                 ("tests", "e2e", "scripts"))
+
+
+def _weight(item) -> int:
+    parts = item.path.relative_to(UNIT.parent.parent).parts
+    return next((k for k, head in enumerate(LONGEST_FIRST) if parts[:len(head)] == head), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(items):
-    """tests/unit: the unit layer (tests/e2e/conftest.py marks its own)."""
+    """tests/unit: the unit layer (tests/e2e/conftest.py marks its own); the longest tests first."""
     for item in items:
         if UNIT in item.path.parents:
             item.add_marker(pytest.mark.unit)
+    items.sort(key=_weight)
 
 
 def pytest_unconfigure(config):
