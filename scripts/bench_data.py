@@ -35,7 +35,7 @@ from debug_nan.aam.model.aam import AAMConfig, AAMModel  # noqa: E402
 from debug_nan.aam.task import aam_loss  # noqa: E402
 from debug_nan.drivers.trainer.loop import resolve_device  # noqa: E402
 from debug_nan.presentation.log import Log  # noqa: E402
-from debug_nan.settings import build_settings  # noqa: E402
+from debug_nan.app.job_settings import build_settings  # noqa: E402
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -88,7 +88,7 @@ def main() -> None:
     d = build_settings(args.config, {})
 
     # 1. tokenisation
-    data = synthesize(48, d.token_limit, seed=0)
+    data = synthesize(48, d.aam.data.token_limit, seed=0)
     seqs = data.sequences * 4
     vec, loop = timed(lambda: tokenize(seqs)), timed(lambda: tokenize_per_base(seqs), 1)
     assert (tokenize(seqs)[0] == tokenize_per_base(seqs)).all()
@@ -97,11 +97,11 @@ def main() -> None:
           f"({loop / vec:.0f}x)")
 
     # 2. collate vs model step rate, default config
-    collate = Collator(data, np.zeros((data.n_samples,) * 2), d.token_limit, "first")
+    collate = Collator(data, np.zeros((data.n_samples,) * 2), d.aam.data.token_limit, "first")
     rng = np.random.default_rng(0)
-    picks = [rng.choice(data.n_samples, d.batch_size, replace=False) for _ in range(20)]
+    picks = [rng.choice(data.n_samples, d.aam.data.batch_size, replace=False) for _ in range(20)]
     collate_s = timed(lambda: [collate(p) for p in picks], 2) / len(picks)
-    cfg = AAMConfig.from_settings(d)
+    cfg = AAMConfig.from_settings(d.aam)
     model = AAMModel(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in collate(picks[0]).items()}
@@ -117,7 +117,8 @@ def main() -> None:
     step_s = timed(train_step, 2)
     out["collate"] = {"batches_per_s": 1 / collate_s, "model_steps_per_s": 1 / step_s,
                       "ratio": step_s / collate_s}
-    print(f"collate (token limit {d.token_limit}, batch {d.batch_size}): {1 / collate_s:.0f} batches/s; model "
+    print(f"collate (token limit {d.aam.data.token_limit}, batch {d.aam.data.batch_size}): {1 / collate_s:.0f} "
+          f"batches/s; model "
           f"training steps on {device}: {1 / step_s:.2f} steps/s; collate is {step_s / collate_s:.0f}x faster")
 
     # 3. UniFrac at scale
@@ -138,7 +139,7 @@ def main() -> None:
 
     # 4. activation memory with --asv-chunk-size
     rows = {}
-    for chunk in (None, 256, 64) if d.token_limit >= 256 else (None, 16, 4):
+    for chunk in (None, 256, 64) if d.aam.data.token_limit >= 256 else (None, 16, 4):
         torch.manual_seed(0)
         m = AAMModel(AAMConfig(**{**cfg.__dict__, "asv_chunk_size": chunk, "dropout": 0.0})).to(device)
         if device.type == "cuda":

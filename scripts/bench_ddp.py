@@ -42,7 +42,7 @@ from debug_nan.drivers.trainer.loop import Trainer  # noqa: E402
 from debug_nan.engine.session.distributed import DistContext  # noqa: E402
 from debug_nan.engine.stats import move_to  # noqa: E402
 from debug_nan.presentation.log import Log  # noqa: E402
-from debug_nan.settings import build_settings  # noqa: E402
+from debug_nan.app.job_settings import build_settings  # noqa: E402
 
 MODES = ("plain_ddp", "watch", "watch_at_end")
 
@@ -71,13 +71,13 @@ def rank_main(rank: int, args, store: str, result_path: str) -> None:
                             timeout=timedelta(seconds=300))
     settings = build_settings(None, {"device": "cpu", "max_steps": 10**9,
                                      "gradient_accumulation_steps": args.accumulate})
-    task = build_lm_task(args.model, settings.seed)
+    task = build_lm_task(args.model, settings.train.seed)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own micro-batches, fixed over the run
     base = task.batches[0]
     batches = [{k: v[torch.randperm(v.shape[0], generator=gen)] for k, v in base.items()}
                for _ in range(args.accumulate)]
     trainer = Trainer(task, settings, Log(stream=io.StringIO()), torch.device("cpu"), DistContext(rank, 2, rank))
-    plain_model = build_lm_task(args.model, settings.seed).model
+    plain_model = build_lm_task(args.model, settings.train.seed).model
     plain_model.load_state_dict(trainer.model.state_dict())
     ddp = torch.nn.parallel.DistributedDataParallel(plain_model)
     plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=trainer.optimizer.param_groups[0]["lr"])

@@ -53,13 +53,13 @@ def build(size: str, steps: int):
     from debug_nan.aam.task import build_aam_task
     from debug_nan.drivers.task import Task, split_loss
     from debug_nan.presentation.log import Log
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
 
     torch.manual_seed(0)
     if size in AAM_SIZES:
         settings = build_settings(str(AAM_SIZES[size]), {"max_steps": steps})
         with tempfile.TemporaryDirectory() as empty, chdir(empty):  # no ./data: synthetic data
-            task = build_aam_task(settings, Log(stream=io.StringIO()))
+            task = build_aam_task(settings.aam, settings.train, Log(stream=io.StringIO()))
         batch = next(iter(task.batches))
         return task.model, batch, lambda m, b: split_loss(task.loss(m, b))[0], task, str(AAM_SIZES[size])
     shape = LMShape(**SIZES[size])
@@ -82,7 +82,7 @@ def child(size: str, mode: str, device_spec: str, steps: int) -> dict:
 
     from debug_nan.drivers.trainer.loop import Trainer
     from debug_nan.engine.stats import move_to
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
 
     baseline = rss_mb()
     device = torch.device("cuda" if device_spec == "auto" and torch.cuda.is_available() else

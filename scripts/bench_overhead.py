@@ -63,7 +63,7 @@ from debug_nan.engine.session.output_schedule import WARM_STEPS, OutputSchedule 
 from debug_nan.engine.stats import flat_tensors, move_to  # noqa: E402
 from debug_nan.engine.trace.tracer import Tracer  # noqa: E402
 from debug_nan.presentation.log import Log  # noqa: E402
-from debug_nan.settings import build_settings  # noqa: E402
+from debug_nan.app.job_settings import build_settings  # noqa: E402
 
 MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "trace", "detect_anomaly", "naive_hooks")
 DEFAULT_MODES = ("plain", "watch", "watch_only", "watch_all", "monitor", "snapshot", "detect_anomaly", "naive_hooks",
@@ -90,8 +90,8 @@ def plain_step(t: Trainer, batch) -> None:
     t.optimizer.zero_grad(set_to_none=True)
     loss, _ = t.compute_loss(move_to(batch, t.device))
     t.backward(loss)
-    if t.s.max_grad_norm:  # as the run does: clipping only when asked for
-        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
+    if t.s.train.max_grad_norm:  # as the run does: clipping only when asked for
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.train.max_grad_norm)
     t.optimizer.step()
     t.step_schedule()
 
@@ -103,8 +103,8 @@ def monitored_step(t: Trainer, monitor, batch) -> None:
         loss, _ = t.compute_loss(move_to(batch, t.device))
         watched.watch_loss(loss)
         t.backward(loss)
-    if t.s.max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.max_grad_norm)
+    if t.s.train.max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.s.train.max_grad_norm)
     t.optimizer.step()
     t.step_schedule()
 
@@ -139,16 +139,16 @@ def build_trainer(args) -> tuple[Trainer, object, dict]:
     config = args.config if args.model == "aam" else None
     settings = build_settings(config, {"device": args.device, "max_steps": 10**9})
     quiet = Log(stream=io.StringIO())
-    device = resolve_device(settings.device, quiet)
+    device = resolve_device(settings.train.device, quiet)
     if args.model == "aam":
         # synthetic data: the default ./data of an empty folder (an explicit --data-dir must exist)
         with tempfile.TemporaryDirectory() as empty, chdir(empty):
-            task = build_aam_task(settings, quiet)
+            task = build_aam_task(settings.aam, settings.train, quiet)
         desc = {"file": Path(args.config).name, **{k: getattr(settings, k) for k in (
             "token_limit", "batch_size", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers",
             "precision")}}
     else:
-        task = build_lm_task(args.model, settings.seed)
+        task = build_lm_task(args.model, settings.train.seed)
         desc = dict(vars(PRESETS[args.model]))
     trainer = Trainer(task, settings, quiet, device)
     desc = {"model": args.model, **desc, "modules": sum(1 for _ in trainer.model.modules()),
@@ -177,7 +177,7 @@ def main() -> None:
     device, watch, log = trainer.device, trainer.watch, trainer.log
     watch.close()  # hooks only while the watch mode runs: a registered hook slows every module call
     monitor = debug_nan.Monitor(trainer.model, lambda model, b: trainer.compute_loss(move_to(b, device))[0],
-                                trainer.optimizer, max_grad_norm=trainer.s.max_grad_norm)
+                                trainer.optimizer, max_grad_norm=trainer.s.train.max_grad_norm)
     monitor.close()  # its module and optimizer hooks, too, only while the monitor mode runs
 
     steps = itertools.count(1)  # every watch mode's step is the run's next step

@@ -171,11 +171,11 @@ def oom_sizes(free_bytes: int, token_limit: int = 1024) -> tuple[int, int, int]:
     probabilities, about 0.7 of the free memory) but cannot fit: without dropout the bound counts them once,
     while the run also holds every layer's other activations (about twice the bound on the guarded model)."""
     from debug_nan.aam.sizes import attention_probability_bytes
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
 
     for batch in range(2, 4096, 2):
-        need = attention_probability_bytes(build_settings(None, {"token_limit": token_limit, "batch_size": batch,
-                                                                 "dropout": 0.0}))
+        settings = build_settings(None, {"token_limit": token_limit, "batch_size": batch, "dropout": 0.0})
+        need = attention_probability_bytes(settings.aam, settings.train.precision)
         if need >= 0.7 * free_bytes:
             return token_limit, batch, need
     raise ValueError(f"no batch size reaches 0.7 of {free_bytes} bytes")

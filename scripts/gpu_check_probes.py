@@ -61,7 +61,7 @@ def watch_syncs(check, item) -> None:
     from debug_nan.engine.stats import move_to
     from debug_nan.engine.watch.watch import Watch
     from debug_nan.presentation.log import Log
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
     from tests.unit.engine.watch.test_watch_syncs import HostSyncs, batches, model_without_syncs, mse
 
     device = torch.device(check.device)

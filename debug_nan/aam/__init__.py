@@ -3,5 +3,6 @@ of debug_nan.drivers.task and imports no driver).
 
 data/ (BIOM table + phylogenetic tree or synthetic data -> nucleotide tokens, token-limited samples, UniFrac
 targets, collated batches, with validation that names the sample) ; model/ (the AAM model: ASV encoder,
-attention with padding guards) ; task.py (the Task: its data, model, loss, recipe and sizes).
+attention with padding guards) ; task.py (the Task: its data, model, loss, recipe) ; sizes.py (its largest
+activations: the memory check, the out-of-memory advice) ; settings.py (AAMSettings: its [data] and [model]).
 """

@@ -25,7 +25,8 @@ from debug_nan.drivers.recipe import linear_warmup
 from debug_nan.drivers.task import Task
 from debug_nan.engine.session import distributed
 from debug_nan.errors import InputError
-from debug_nan.settings import RunSettings
+from debug_nan.aam.settings import AAMData, AAMSettings
+from debug_nan.settings.training import TrainSettings
 
 AAM_WARMUP_STEPS = 2
 AAM_MAX_GRAD_NORM = 1.0
@@ -66,10 +67,11 @@ class HeldOutBatches:
             yield self.collate(self.samples[start:start + self.batch_size])
 
 
-def held_out_split(n_samples: int, s: RunSettings, world: int) -> tuple[np.ndarray, np.ndarray | None]:
+def held_out_split(n_samples: int, s: AAMData, train: TrainSettings, world: int) -> tuple[np.ndarray,
+                                                                                         np.ndarray | None]:
     """(training sample indices, held-out indices or None): a seeded split, only when an eval pass is asked for."""
     everything = np.arange(n_samples)
-    if not s.eval_every:
+    if not train.eval_every:
         return everything, None
     held = s.eval_samples if s.eval_samples is not None else max(s.batch_size, n_samples // 8 // s.batch_size
                                                                  * s.batch_size)
@@ -79,7 +81,7 @@ def held_out_split(n_samples: int, s: RunSettings, world: int) -> tuple[np.ndarr
         raise InputError(f"--eval-samples {held} leaves {n_samples - held} of the {n_samples} samples for training, "
                          f"fewer than one batch (--batch-size {s.batch_size} x {world} rank(s)); lower "
                          f"--eval-samples or --batch-size.")
-    order = np.random.default_rng((s.seed, 8)).permutation(n_samples)
+    order = np.random.default_rng((train.seed, 8)).permutation(n_samples)
     return np.sort(order[held:]), np.sort(order[:held])
 
 
@@ -96,14 +98,14 @@ def aam_loss(model: torch.nn.Module, batch: dict, nuc_weight: float = 1.0, unifr
             "nucleotides": nucleotides}
 
 
-def load_or_synthesize(s: RunSettings, log) -> Dataset:
+def load_or_synthesize(s: AAMData, seed: int, log) -> Dataset:
     """--table/--tree, else the files in --data-dir, else synthetic data.
 
     Synthetic data only when no data was asked for: --data-dir left at its default (./data) and no table there.
     A --data-dir given explicitly (flag or config) must exist and hold a *.biom, else exit 2."""
     table = Path(s.table) if s.table else None
     tree = Path(s.tree) if s.tree else None
-    default_dir = Path(s.data_dir) == Path(RunSettings.data_dir)
+    default_dir = Path(s.data_dir) == Path(AAMData.data_dir)
     if table is None:
         found_table, found_tree = find_data_files(s.data_dir, required=not default_dir)
         table, tree = found_table, tree or found_tree
@@ -116,13 +118,15 @@ def load_or_synthesize(s: RunSettings, log) -> Dataset:
             raise InputError(f"--sequences {s.sequences} was given but no BIOM table: {s.data_dir} has none; pass "
                              f"--table FILE (or --data-dir) with the table whose IDs the FASTA maps.")
         where = "has no *.biom table" if Path(s.data_dir).is_dir() else "does not exist"
-        return synthesize(s.synthetic_samples, s.token_limit, s.seed, log,
+        return synthesize(s.synthetic_samples, s.token_limit, seed, log,
                           reason=f"No --table given and {s.data_dir} (the default --data-dir) {where}")
-    return load_dataset(table, tree, s.sequences, s.rarefy_depth, s.seed, log)
+    return load_dataset(table, tree, s.sequences, s.rarefy_depth, seed, log)
 
 
-def build_aam_task(s: RunSettings, log=print) -> Task:
-    data = load_or_synthesize(s, log)
+def build_aam_task(aam: AAMSettings, train: TrainSettings, log=print) -> Task:
+    """The built-in task from its settings and the run's training ones it reads (the seed, the eval pass)."""
+    s, seed = aam.data, train.seed
+    data = load_or_synthesize(s, seed, log)
     for note in data.notes + data.token_report.policy_lines():
         log(note)
     if s.batch_size < 2 or s.batch_size % 2:
@@ -141,22 +145,23 @@ def build_aam_task(s: RunSettings, log=print) -> Task:
     over = int((richness > s.token_limit).sum())
     log(f"Token limit {s.token_limit}: {over} of {data.n_samples} samples hold more ASVs and are truncated "
         f"(--asv-order {s.asv_order}); {int((richness < s.token_limit).sum())} leave padding slots.")
-    collate = Collator(data, distances, s.token_limit, s.asv_order, s.seed)
+    collate = Collator(data, distances, s.token_limit, s.asv_order, seed)
     ctx = distributed.detect()
     rank, world = (ctx.rank, ctx.world) if ctx else (0, 1)
     if s.batch_size * world > data.n_samples:
         raise InputError(f"--batch-size {s.batch_size} x {world} ranks needs {s.batch_size * world} samples; "
                          f"{data.source} has {data.n_samples}.")
-    train, held = held_out_split(data.n_samples, s, world)
+    kept, held = held_out_split(data.n_samples, s, train, world)
     if held is not None:
         log(f"Held out {held.size} of {data.n_samples} samples for the eval pass (--eval-samples); training draws "
-            f"from the other {train.size}.")
-    task = build_aam_model_task(s, batches=EpochBatches(collate, train, s.batch_size, s.seed, rank, world),
+            f"from the other {kept.size}.")
+    task = build_aam_model_task(aam, seed, batches=EpochBatches(collate, kept, s.batch_size, seed, rank, world),
                                 eval_batches=HeldOutBatches(collate, held, s.batch_size) if held is not None else None)
     n_params = sum(p.numel() for p in task.model.parameters())
-    log(f"AAM model: d_model {s.d_model}, {s.heads} heads, layers {s.asv_layers} ASV / {s.sample_layers} sample / "
-        f"{s.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if s.guards else 'OFF (pre-fix)'}"
-        f"{', ASV encoder nn.TransformerEncoder' if s.asv_encoder == 'torch' else ''}.")
+    m = aam.model
+    log(f"AAM model: d_model {m.d_model}, {m.heads} heads, layers {m.asv_layers} ASV / {m.sample_layers} sample / "
+        f"{m.encoder_layers} encoder, {n_params:,} parameters, guards {'on' if m.guards else 'OFF (pre-fix)'}"
+        f"{', ASV encoder nn.TransformerEncoder' if m.asv_encoder == 'torch' else ''}.")
     return task
 
 
@@ -165,14 +170,15 @@ def describe_aam_batch(batch) -> list[str]:
     return report.lines() + [f"WARNING: {p}" for p in report.problems]
 
 
-def build_aam_model_task(s: RunSettings, batches, eval_batches=None) -> Task:
+def build_aam_model_task(aam: AAMSettings, seed: int, batches, eval_batches=None) -> Task:
     """The built-in model and loss around any batches (a repro bundle's, for a replay without the data); the eval
     pass runs the same loss."""
-    cfg = AAMConfig.from_settings(s)
-    torch.manual_seed(s.seed)
+    cfg = AAMConfig.from_settings(aam)
+    torch.manual_seed(seed)
+    weights = aam.model.nuc_weight, aam.model.unifrac_weight
 
     def loss(model, batch):
-        return aam_loss(model, batch, s.nuc_weight, s.unifrac_weight)
+        return aam_loss(model, batch, *weights)
 
     return Task(model=AAMModel(cfg), batches=batches, loss=loss, describe_batch=describe_aam_batch,
                 scheduler=lambda optimizer: linear_warmup(optimizer, AAM_WARMUP_STEPS),

@@ -21,6 +21,7 @@ from debug_nan import torch_support
 from debug_nan.app import run_paths as paths
 from debug_nan.app.cli_help import format_grouped_options
 from debug_nan.app.cli_options import command_options, run_options
+from debug_nan.app.job_settings import build_settings, load_config
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import error_line
 from debug_nan.presentation.outputs import (
@@ -31,7 +32,6 @@ from debug_nan.presentation.outputs import (
     job_outputs,
 )
 from debug_nan.process import interrupts, streams
-from debug_nan.settings import build_settings, load_config
 
 
 def fail(message: str, report: str | None = None, inputs: dict[str, str] | None = None,

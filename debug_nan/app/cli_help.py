@@ -1,20 +1,18 @@
-"""`debug-nan --help`, grouped: the general options, the built-in AAM pipeline's, the outputs, how to run it
-distributed, and the --task interface. Options are placed by name; one no section names lands in General, so a
-new option is never missing from the help."""
+"""`debug-nan --help`, grouped: the general options, then one group per component of the settings (training,
+checks, the built-in AAM pipeline, outputs: each option lands in the group of the component its setting belongs
+to, app/job_settings.py LAYOUT), how to run it distributed, and the --task interface. An option that is no setting
+(--config, --version, --help) is in General, so a new option is never missing from the help."""
 
 from __future__ import annotations
 
 import click
 
-AAM = ("token_limit", "batch_size", "data_dir", "table", "tree", "sequences", "asv_order", "rarefy_depth", "unifrac",
-       "synthetic_samples", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers", "ffn_mult",
-       "dropout", "guards", "asv_encoder", "asv_chunk_size", "nuc_weight", "unifrac_weight", "eval_samples")
-OUTPUTS = ("report", "log", "plot", "tensorboard", "history", "quiet", "bundle_dir", "bundle")
-SECTIONS = (
-    ("General options", None),
-    ("AAM pipeline options (the built-in model and data; a --task may read them)", AAM),
-    ("Output options", OUTPUTS),
-)
+from debug_nan.aam.settings import TITLE as AAM_TITLE
+from debug_nan.app.job_settings import LAYOUT
+from debug_nan.settings import OutputSettings, TrainSettings, WatchSettings
+
+GENERAL = "General options"
+SECTIONS = (GENERAL, TrainSettings.TITLE, WatchSettings.TITLE, AAM_TITLE, OutputSettings.TITLE)  # the help's order
 
 DISTRIBUTED = """\
 Under torchrun every rank runs the job in DistributedDataParallel (NCCL on CUDA,
@@ -40,20 +38,18 @@ the task's recipe: no clipping, warmup or schedule unless it (or a flag) asks.""
 
 
 def section_of(param: click.Parameter) -> str:
-    for title, names in SECTIONS:
-        if names is not None and param.name in names:
-            return title
-    return SECTIONS[0][0]
+    place = LAYOUT.places.get(param.name)
+    return place.component.TITLE if place is not None else GENERAL
 
 
 def format_grouped_options(command: click.Command, ctx: click.Context, formatter: click.HelpFormatter) -> None:
     """The options in SECTIONS' order, then the distributed notes and the task interface."""
-    rows: dict[str, list[tuple[str, str]]] = {title: [] for title, _ in SECTIONS}
+    rows: dict[str, list[tuple[str, str]]] = {title: [] for title in SECTIONS}
     for param in command.get_params(ctx):
         record = param.get_help_record(ctx)
         if record is not None:
             rows[section_of(param)].append(record)
-    for title, _ in SECTIONS:
+    for title in SECTIONS:
         if rows[title]:
             with formatter.section(title):
                 formatter.write_dl(rows[title])

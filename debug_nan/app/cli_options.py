@@ -1,21 +1,23 @@
-"""The command-line options of the job (`debug-nan [OPTIONS]`) and of `debug-nan run`, each with its default shown
-from RunSettings. The job's defaults are None in Click so that explicit flags can override the TOML config; grouped
-for --help by app/cli_help.py."""
+"""The command-line options of the job (`debug-nan [OPTIONS]`) and of `debug-nan run`, each with its default and
+choices from the settings' components (app/job_settings.py LAYOUT; `run`'s from the watch's and the outputs'). The
+job's defaults are None in Click so that explicit flags can override the TOML config; grouped for --help by the
+component each setting belongs to (app/cli_help.py)."""
 
 from __future__ import annotations
 
 import click
 
-from debug_nan.settings import CHOICES, RunSettings
+from debug_nan.app.job_settings import LAYOUT
+from debug_nan.settings import OutputSettings, WatchSettings
 
-DEFAULTS = RunSettings()
+CHOICES = {name: place.choices for name, place in LAYOUT.places.items() if place.choices}
 
 
 def _opt(*decls, help: str, **kw):
     """A click option whose default is None (so explicit flags can override the config file); the help text
     shows the real default."""
     name = decls[0].lstrip("-").split("/")[0].replace("-", "_")
-    default = getattr(DEFAULTS, name, None)
+    default = LAYOUT.default(name)
     shown = f" [default: {default}]" if default is not None and "is_flag" not in kw and "/" not in decls[0] else ""
     return click.option(*decls, default=None, help=help + shown, **kw)
 
@@ -142,9 +144,9 @@ COMMAND_OPTIONS = [
                       "torchrun write --log-file: torchrun's own parser takes --log for its --log-dir."),
     click.option("--max-steps", type=click.IntRange(min=1), default=None,
                  help="Stop the command after this many optimizer steps, with a clean summary."),
-    click.option("--explosion-threshold", type=float, default=DEFAULTS.explosion_threshold, show_default=True,
+    click.option("--explosion-threshold", type=float, default=WatchSettings.explosion_threshold, show_default=True,
                  help="Gradient norm that counts as an explosion (with growth)."),
-    click.option("--explosion-growth", type=float, default=DEFAULTS.explosion_growth, show_default=True,
+    click.option("--explosion-growth", type=float, default=WatchSettings.explosion_growth, show_default=True,
                  help="...and growth over the smallest earlier norm."),
     click.option("--bundle-dir", type=click.Path(file_okay=False), default=None,
                  help="Where a finding writes its repro bundle (the script's model, optimizer and the recorded code "
@@ -163,7 +165,7 @@ COMMAND_OPTIONS = [
                  help="Write the history (loss, lr, loss scale, per-layer max |activation| and gradient norm) as "
                       "TensorBoard scalars and the finding as text into this folder at the end of the run (needs "
                       "tensorboard)."),
-    click.option("--history", type=click.Choice(CHOICES["history"]), default=DEFAULTS.history, show_default=True,
+    click.option("--history", type=click.Choice(CHOICES["history"]), default=OutputSettings.history, show_default=True,
                  help="The per-layer history before the summary: compact (one screen: deep models grouped by "
                       "block) or full (every module with parameters)."),
 ]

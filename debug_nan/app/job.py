@@ -34,19 +34,21 @@ from debug_nan.presentation.pipeline import OutputOptions, present
 from debug_nan.presentation.summary import exit_code, write_summary
 from debug_nan.presentation.tensorboard import check_tensorboard
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
-from debug_nan.settings import RunSettings
+from debug_nan.settings import OutputSettings
+from debug_nan.app.job_settings import JobSettings
 
 
-def header(log: Log, s: RunSettings, device: torch.device) -> None:
+def header(log: Log, s: JobSettings, device: torch.device) -> None:
     log.rule(f"debug-nan {debug_nan.__version__}")
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     log(f"  torch {torch.__version__} | python {platform.python_version()} | device {device}{gpu}")
-    data = "" if s.task else f" | batch {s.batch_size} | token limit {s.token_limit}"
-    log(f"  task {s.task or 'built-in AAM pipeline'} | steps {s.max_steps} x {s.gradient_accumulation_steps} "
-        f"micro-batch(es){data} | precision {s.precision} | seed {s.seed}")
+    t = s.train
+    data = "" if t.task else f" | batch {s.aam.data.batch_size} | token limit {s.aam.data.token_limit}"
+    log(f"  task {t.task or 'built-in AAM pipeline'} | steps {t.max_steps} x {t.gradient_accumulation_steps} "
+        f"micro-batch(es){data} | precision {t.precision} | seed {t.seed}")
 
 
-def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None) -> str:
+def oom_message(exc: BaseException, s: JobSettings, device: torch.device | None) -> str:
     """What failed (the allocation's size), the peak so far, and what to lower: the built-in task's own sizes and
     options (aam/sizes.py), or a --task's batch and sequence length."""
     text = str(exc)
@@ -58,33 +60,29 @@ def oom_message(exc: BaseException, s: RunSettings, device: torch.device | None)
         where = f"CUDA ran out of memory on {device}: {failed}; peak allocated {peak:.2f} GiB of {total:.1f} GiB."
     else:
         where = f"The CPU ran out of memory: {failed}."
-    if s.task:
+    if s.train.task:
         return f"{where} To fit, lower the batch size or sequence length your task uses."
-    return f"{where} {oom_advice(s, size.group(1) if size else None)}"
+    return f"{where} {oom_advice(s.aam, s.train.precision, size.group(1) if size else None)}"
 
 
-def output_folder(s: RunSettings) -> str:
-    """Where a finding's repro bundle goes: --bundle-dir, else the report's folder, else the current folder."""
-    return s.bundle_dir or (str(Path(s.report).parent) if s.report else ".")
+def rank_log_path(o: OutputSettings, rank: int) -> str:
+    return str((Path(o.report).parent if o.report else Path(".")) / f"debug-nan-rank{rank}.log")
 
 
-def rank_log_path(s: RunSettings, rank: int) -> str:
-    return str((Path(s.report).parent if s.report else Path(".")) / f"debug-nan-rank{rank}.log")
-
-
-def check_outputs(s: RunSettings, config: str | None, ctx) -> None:
+def check_outputs(s: JobSettings, config: str | None, ctx) -> None:
     """Before anything is opened for writing: no output is an input or another output; each can be written."""
+    o = s.outputs
     outputs = job_outputs(s.to_dict())
     if ctx is not None:
-        outputs.update({f"rank {r}'s log": rank_log_path(s, r) for r in range(1, ctx.world)})
-    check_output_paths(outputs, job_inputs(s.to_dict(), config), output_folder(s) if s.bundle else None)
-    check_writable(s.report, "--report")
-    check_writable(s.plot, "--plot")
-    check_plot_available(s.plot)
-    check_tensorboard(s.tensorboard)
+        outputs.update({f"rank {r}'s log": rank_log_path(o, r) for r in range(1, ctx.world)})
+    check_output_paths(outputs, job_inputs(s.to_dict(), config), o.bundle_folder() if o.bundle else None)
+    check_writable(o.report, "--report")
+    check_writable(o.plot, "--plot")
+    check_plot_available(o.plot)
+    check_tensorboard(o.tensorboard)
 
 
-def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
+def run_job(s: JobSettings, stream=None, config: str | None = None) -> int:
     """Run the job and return the process exit code (InputError: bad usage or input, for the cli; OutputWriteError:
     the run ended but an output could not be written). `config`: the --config file, an input never written."""
     started = time.perf_counter()
@@ -94,13 +92,13 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
     try:
         if main_rank:
             check_outputs(s, config, ctx)
-            log = Log(s.log, stream=stream)
+            log = Log(s.outputs.log, stream=stream)
         else:  # other ranks: a per-rank log beside the report (or in the current folder), nothing on stdout
-            log = Log(rank_log_path(s, ctx.rank), stream=open(os.devnull, "w"))
+            log = Log(rank_log_path(s.outputs, ctx.rank), stream=open(os.devnull, "w"))
         try:
-            device = distributed.init(ctx, s.device) if ctx else resolve_device(s.device, log)
-            if not s.task:
-                check_activation_memory(s, device)
+            device = distributed.init(ctx, s.train.device) if ctx else resolve_device(s.train.device, log)
+            if not s.train.task:
+                check_activation_memory(s.aam, s.train.precision, device)
             trainer = build_trainer(s, log, device, ctx)
             result = trainer.run()
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
@@ -128,17 +126,17 @@ def run_job(s: RunSettings, stream=None, config: str | None = None) -> int:
     return exit_code(result)
 
 
-def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Trainer:
+def build_trainer(s: JobSettings, log: Log, device: torch.device, ctx) -> Trainer:
     """The header, the task (--task, or the built-in pipeline), and the Trainer with its step lines and bundles.
     Under torchrun every rank learns whether any rank failed to build the task before DDP's first collective."""
     header(log, s, device)
     if ctx:
         log(f"  torchrun: rank {ctx.rank} of {ctx.world} (local rank {ctx.local_rank}), "
-            f"{'FSDP2 (--fsdp)' if s.fsdp else 'DistributedDataParallel'}, "
+            f"{'FSDP2 (--fsdp)' if s.train.fsdp else 'DistributedDataParallel'}, "
             f"{'NCCL' if device.type == 'cuda' else 'gloo'}; rank 0 writes the log and the report")
     failure = None
     try:
-        task = load_task(s.task, s) if s.task else build_aam_task(s, log)
+        task = load_task(s.train.task, s.for_task()) if s.train.task else build_aam_task(s.aam, s.train, log)
     except (InputError, KeyboardInterrupt) as exc:
         if ctx is None:
             raise
@@ -156,15 +154,15 @@ def build_trainer(s: RunSettings, log: Log, device: torch.device, ctx) -> Traine
     log(f"  {trainer.recipe.line()}")
     if trainer.reducer is not None:
         log(f"  gradients averaged by {trainer.reducer.describe()}")
-    trainer.observer = StepLines(log, trainer.first_step + s.max_steps, s.gradient_accumulation_steps,
-                                 trainer.recipe.max_grad_norm, quiet=s.quiet)
-    if s.bundle:
-        folder = output_folder(s)
+    trainer.observer = StepLines(log, trainer.first_step + s.train.max_steps, s.train.gradient_accumulation_steps,
+                                 trainer.recipe.max_grad_norm, quiet=s.outputs.quiet)
+    if s.outputs.bundle:
+        folder = s.outputs.bundle_folder()
         trainer.save_repro = lambda state: str(write_bundle(folder, state))
     return trainer
 
 
-def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> BaseException:
+def _setup_failure(exc: BaseException, s: JobSettings, device: torch.device) -> BaseException:
     """A rank's failure to build the Trainer, as the message every rank reports."""
     if isinstance(exc, (InputError, KeyboardInterrupt)):
         return exc
@@ -173,10 +171,11 @@ def _setup_failure(exc: BaseException, s: RunSettings, device: torch.device) -> 
     return InputError(f"building the trainer: {describe_exception(exc)}")
 
 
-def write_outputs(log, result, s: RunSettings, trainer, device, elapsed: float) -> int:
+def write_outputs(log, result, s: JobSettings, trainer, device, elapsed: float) -> int:
     """Every output through the one pipeline (presentation/pipeline.py), then the real exit code; raises
     OutputWriteError (exit 2) after the summary when an output could not be written."""
-    options = OutputOptions(s.report, s.plot, s.tensorboard, s.history, s.quiet)
+    o = s.outputs
+    options = OutputOptions(o.report, o.plot, o.tensorboard, o.history, o.quiet)
     failure = present(log, result, trainer.model if trainer is not None else None, options, settings=s.to_dict(),
                       device=device, elapsed=elapsed, interrupted_by=interrupt_name())
     if failure is not None:

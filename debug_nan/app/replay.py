@@ -15,6 +15,7 @@ import torch
 
 import debug_nan
 from debug_nan.aam.task import build_aam_model_task
+from debug_nan.app.job_settings import LAYOUT, JobSettings
 from debug_nan.drivers.run.bundle import replay_script_bundle
 from debug_nan.drivers.task import load_task
 from debug_nan.drivers.trainer.device import resolve_device
@@ -31,7 +32,6 @@ from debug_nan.presentation.outputs import OutputWriteError, check_output_paths,
 from debug_nan.presentation.pipeline import OutputOptions, present
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process.interrupts import interrupt_code, interrupt_name
-from debug_nan.settings import FIELD_TYPES, RunSettings
 
 
 def replay_script(b: dict, device_spec: str, log) -> tuple[Finding | None, torch.device]:
@@ -43,26 +43,40 @@ def replay_script(b: dict, device_spec: str, log) -> tuple[Finding | None, torch
     return replay_script_bundle(b, device, log), device
 
 
-def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:
-    """Rebuild the task and state from a read bundle `b` and replay its micro-batch -> (finding, trainer, notes).
-    A --task file runs from the text stored in the bundle (the run as it was), whatever the file on disk is now."""
-    unknown = sorted(set(b["settings"]) - set(FIELD_TYPES))
+def bundle_settings(b: dict, path: str, device_spec: str) -> JobSettings:
+    """The settings a bundle of the built-in task, a --task or a callback recorded (flat, by the options' names:
+    those of the one flat settings class before the components, the same names), on this device, writing no
+    report or log of the run's. A name this debug-nan does not know (a newer one wrote it) or a value of the wrong
+    type is one paragraph, exit 2."""
+    recorded = b["settings"]
+    unknown = sorted(set(recorded) - set(LAYOUT.places)) if isinstance(recorded, dict) else None
     if unknown:  # a bundle of the same format from a newer debug-nan, with settings this one does not have
         raise InputError(f"Bundle {path} was written by a newer debug-nan: its settings {', '.join(unknown)} are "
                          f"unknown to debug-nan {debug_nan.__version__}. Replay it with the debug-nan that wrote "
                          f"it, or upgrade.")
-    settings = RunSettings(**{**b["settings"], "device": device_spec, "report": None, "log": None})
-    device = resolve_device(settings.device, log)
+    where = f"Bundle {path}'s settings"
+    if unknown is None:
+        raise InputError(f"{where} are not a table of settings (got {type(recorded).__name__}): the bundle is "
+                         f"damaged or not debug-nan's. Replay it with the debug-nan that wrote it.")
+    values = {name: LAYOUT.check_value(name, value, where) for name, value in recorded.items()}
+    return JobSettings.from_flat({**values, "device": device_spec, "report": None, "log": None})
+
+
+def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:
+    """Rebuild the task and state from a read bundle `b` and replay its micro-batch -> (finding, trainer, notes).
+    A --task file runs from the text stored in the bundle (the run as it was), whatever the file on disk is now."""
+    settings = bundle_settings(b, path, device_spec)
+    device = resolve_device(settings.train.device, log)
     notes = []
     if b["task"]:
         state = task_file_state(b)
         if state:
             log(f"  task {b['task']}: {state}", "yellow" if "DIFFERS" in state else None)
             notes.append(state[0].upper() + state[1:])
-        task = load_task(b["task"], settings, source=b.get("task_source"))
+        task = load_task(b["task"], settings.for_task(), source=b.get("task_source"))
         task.batches = b["batches"]
     else:
-        task = build_aam_model_task(settings, b["batches"])
+        task = build_aam_model_task(settings.aam, settings.train.seed, b["batches"])
     trainer = Trainer(task, settings, log, device)
     snapshot = trainer.snapshot
     try:
@@ -150,10 +164,10 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
         result.notes.append("The replay did not reproduce a non-finite value.")
     if trainer is not None:
         result.recipe = trainer.recipe.describe()
-    settings = RunSettings(**{**data["settings"], "device": device_spec})
     failure = present(log, result, trainer.model if trainer is not None else None, OutputOptions(report),
-                      settings=settings.to_dict(), device=device, elapsed=time.perf_counter() - started,
-                      extra={"replay_of": bundle}, interrupted_by=interrupt_name())
+                      settings={**data["settings"], "device": device_spec}, device=device,
+                      elapsed=time.perf_counter() - started, extra={"replay_of": bundle},
+                      interrupted_by=interrupt_name())
     if failure is not None:
         raise OutputWriteError(failure)
     return exit_code(result)

@@ -134,8 +134,6 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
         where = raised_by_us(error)
         m.error = (describe_exception(error) if where is None
                    else f"debug-nan failed: {type(error).__name__}: {error} (at {where})")
-    settings = m.s
-    settings.max_steps = max(1, m.steps_run)
 
     def final(result) -> int:  # the script's own code for a clean run
         return (interrupts.interrupt_code(interrupted) if interrupted is not None
@@ -154,7 +152,7 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
     outputs.plot = paths.destination(outputs.plot, "--plot", watch.script, log)
     if not watch.main_rank and not together and write:  # this rank ends alone: what it saw, its report.rankN.json
         log.stream = RankMarked(ranks.rank, log.stream.getvalue())
-    result = outputs.conclude(m, settings, integration, interrupted=interrupted is not None, exit_code=final,
+    result = outputs.conclude(m, m.s, integration, interrupted=interrupted is not None, exit_code=final,
                               write=write and (watch.main_rank or not together),
                               rank=ranks.rank if ranks is not None else 0, report_settings=options.report_settings())
     if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output

@@ -18,7 +18,7 @@ import torch
 from debug_nan.app import command as commands
 from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
-from debug_nan.drivers.framework_outputs import Outputs, run_settings
+from debug_nan.drivers.framework_outputs import Outputs
 from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.ensemble import Models, Optimizers, parameter_count
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
@@ -27,7 +27,7 @@ from debug_nan.engine.sharded import user_class
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
 from debug_nan.process import interrupts
-from debug_nan.settings import RunSettings
+from debug_nan.settings import OutputSettings, RunSettings, WatchSettings
 
 
 @dataclass
@@ -35,8 +35,8 @@ class RunOptions:
     report: str | None = None
     log: str | None = None
     max_steps: int | None = None
-    explosion_threshold: float = RunSettings.explosion_threshold  # the CLI's defaults
-    explosion_growth: float = RunSettings.explosion_growth
+    explosion_threshold: float = WatchSettings.explosion_threshold  # the watch's defaults
+    explosion_growth: float = WatchSettings.explosion_growth
     deterministic: bool = False  # torch.use_deterministic_algorithms in the run
     bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
     start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
@@ -53,6 +53,15 @@ class RunOptions:
                 "explosion_growth": self.explosion_growth, "deterministic": self.deterministic,
                 "bundle_dir": self.bundle_dir, "bundle": self.bundle_dir is not None,
                 "trace_at": list(self.trace_at) if self.trace_at else None}
+
+    def settings(self) -> RunSettings:
+        """The watch's and the outputs' settings of this run; the training is the script's own (none of debug-nan's:
+        no train component)."""
+        watch = WatchSettings(explosion_threshold=self.explosion_threshold, explosion_growth=self.explosion_growth)
+        outputs = OutputSettings(report=self.report, log=self.log, plot=self.plot, bundle_dir=self.bundle_dir,
+                                 bundle=self.bundle_dir is not None, history=self.history,
+                                 tensorboard=self.tensorboard)
+        return RunSettings(train=None, watch=watch, outputs=outputs)
 
 
 @dataclass
@@ -137,11 +146,7 @@ class Watch:
     # -- the hooks' events -------------------------------------------------------------------------------------
     def attach(self, model, optimizer) -> None:
         options = self.options
-        settings = run_settings(self.outputs, task=None, device=next(model.parameters()).device,
-                                optimizer=optimizer, accumulation=1, precision="fp32", max_grad_norm=None,
-                                max_steps=options.max_steps or 1, seed=0,
-                                explosion_threshold=options.explosion_threshold,
-                                explosion_growth=options.explosion_growth)
+        settings = options.settings()
         try:
             ctx = self.ranks.adopt() if self.ranks is not None else self._join_ranks()
         except InputError as exc:  # (raised from inside the script's forward: stopped as a BaseException)

@@ -43,11 +43,11 @@ class FrameworkDriver:
         self.device = next(model.parameters()).device
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.s, self.dist = settings, dist_ctx
-        self.accumulation_steps = settings.gradient_accumulation_steps
+        self.accumulation_steps = settings.accumulation_steps
         self.bundle_dir = bundle_dir
         sink = self.write_bundle if bundle_dir is not None else None
         self.session = self.session_class(self, SessionPolicies.from_settings(
-            settings, self.dialect, scaler=self.scaler,
+            settings.watch, self.dialect, scaler=self.scaler,
             agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
             # the framework's backward on the other ranks may already be inside a gradient all-reduce: an
             # exception is decided by the rank that raised, alone

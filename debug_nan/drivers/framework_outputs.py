@@ -19,13 +19,13 @@ from debug_nan.presentation.log import Log, RankMarked
 from debug_nan.presentation.outputs import check_writable, rank_path
 from debug_nan.presentation.pipeline import OutputOptions, present
 from debug_nan.presentation.tensorboard import check_tensorboard
-from debug_nan.settings import RunSettings
+from debug_nan.settings import OutputSettings, RunSettings, TrainSettings, WatchSettings
 
 ON_TRIP = ("stop", "raise")
 
 
 # the settings a callback runs with: its own options and what it reads from the framework (the report's
-# `settings`; its RunSettings' other fields are the CLI's defaults, which it never used)
+# `settings`; its RunSettings' other fields are settings the callback has not, at their defaults)
 CALLBACK_SETTINGS = ("task", "device", "max_steps", "gradient_accumulation_steps", "precision", "max_grad_norm",
                      "seed", "explosion_threshold", "explosion_growth", "snapshot_every", "outputs_every", "report",
                      "log", "bundle_dir", "bundle")
@@ -53,6 +53,12 @@ class Outputs:
         self.result: RunResult | None = None
         self.write_failure: str | None = None  # why an output could not be written (a full disk), for the caller
 
+    def settings(self) -> OutputSettings:
+        """These outputs as the run's output settings (what it writes: the report's and a bundle's record)."""
+        return OutputSettings(report=self.report, log=self.log_path, plot=self.plot, bundle_dir=self.bundle_dir,
+                              bundle=self.bundle_dir is not None, history=self.history,
+                              tensorboard=self.tensorboard)
+
     def open(self, rank: int = 0) -> Log:
         """The log for this rank: rank 0 writes stderr (and the copy), the others mark their lines."""
         if self.log is None:
@@ -78,7 +84,8 @@ class Outputs:
                                    "the script's own update",
                                    "lr": optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])
                                    if optimizer is not None else None,
-                                   "max_grad_norm": settings.max_grad_norm,
+                                   "max_grad_norm": settings.train.max_grad_norm
+                                   if settings.train is not None else None,
                                    "from": {"optimizer": integration["framework"]}})
         result.finding = result.findings[0] if result.findings else None
         if result.finding is not None:
@@ -91,8 +98,8 @@ class Outputs:
         if not write or self.log is None:
             return result
         if report_settings is None:
-            report_settings = {**{name: getattr(settings, name) for name in CALLBACK_SETTINGS},
-                               "on_trip": self.on_trip}
+            used = settings.to_dict()
+            report_settings = {**{name: used[name] for name in CALLBACK_SETTINGS}, "on_trip": self.on_trip}
         options = OutputOptions(self.report if rank == 0 or not self.report else rank_path(self.report, rank),
                                 self.plot if rank == 0 else None, self.tensorboard if rank == 0 else None,
                                 self.history)
@@ -121,14 +128,14 @@ def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accum
                  max_grad_norm: float | None, max_steps: int, seed: int, explosion_threshold: float,
                  explosion_growth: float, snapshot_every: int | None = None,
                  outputs_every: int | None = None) -> RunSettings:
-    """The framework's recipe in the CLI's settings (the report's `settings`, and a bundle's, so that
-    `debug-nan replay BUNDLE` rebuilds the same step from `task`)."""
+    """The framework's recipe as training settings, the callback's options as the watch's and the outputs' (the
+    report's `settings`, and a bundle's, so that `debug-nan replay BUNDLE` rebuilds the same step from `task`):
+    no setting of the CLI's built-in task."""
     group = optimizer.param_groups[0] if optimizer is not None else {"lr": 0.0}  # (None: a hand-written update)
-    return RunSettings(task=task, device=str(device), max_steps=max(1, max_steps),
-                       gradient_accumulation_steps=accumulation, lr=float(group["lr"]),
-                       weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,
-                       max_grad_norm=max_grad_norm or None, precision=precision, seed=seed,
-                       explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
-                       snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0,
-                       report=outputs.report, log=outputs.log_path,
-                       bundle_dir=outputs.bundle_dir, bundle=outputs.bundle_dir is not None)
+    train = TrainSettings(task=task, device=str(device), max_steps=max(1, max_steps),
+                          gradient_accumulation_steps=accumulation, lr=float(group["lr"]),
+                          weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,
+                          max_grad_norm=max_grad_norm or None, precision=precision, seed=seed)
+    watch = WatchSettings(explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
+                          snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0)
+    return RunSettings(train=train, watch=watch, outputs=outputs.settings())

@@ -49,7 +49,7 @@ from debug_nan.engine.session.precision import autocast_as, autocast_state, scal
 from debug_nan.engine.session.session import StepSession  # noqa: E402
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies  # noqa: E402
 from debug_nan.presentation.summary import finding_lines  # noqa: E402
-from debug_nan.settings import RunSettings  # noqa: E402
+from debug_nan.settings.watch import WatchSettings  # noqa: E402
 
 
 class NonFiniteError(RuntimeError):
@@ -79,8 +79,8 @@ class Monitor:
         self.device = next(model.parameters()).device
         self.accumulation_steps, self.max_grad_norm = accumulation_steps, max_grad_norm
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        knobs = RunSettings(explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
-                            snapshot=snapshot, snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0)
+        knobs = WatchSettings(explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
+                              snapshot=snapshot, snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0)
         self.session = StepSession(self, SessionPolicies.from_settings(knobs, "api", scaler=self.scaler))
         self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
         self.watch.enabled = False  # on only inside step()

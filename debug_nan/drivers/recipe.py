@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from debug_nan.errors import InputError, describe_exception
+from debug_nan.settings.training import TrainSettings
 
 
 @dataclass
@@ -50,7 +51,8 @@ def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.l
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
 
 
-def build_recipe(task, settings, params: list[torch.nn.Parameter], log) -> Recipe:
+def build_recipe(task, settings: TrainSettings, params: list[torch.nn.Parameter], log) -> Recipe:
+    """The task's optimizer, schedule and clipping, each replaced only by the option that asks for it."""
     origin = {}
     own = "the task's" if task.spec else "the built-in pipeline's"
     if task.optimizer is None:

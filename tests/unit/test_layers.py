@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from debug_nan.settings import SECTIONS
+from debug_nan.app.job_settings import SECTIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "debug_nan"
 
@@ -161,17 +161,29 @@ def test_no_file_is_huge(path):
 
 
 def test_only_the_built_in_task_reads_its_settings():
-    """The [data] and [model] tables of the settings are the built-in AAM task's: outside aam/ only the application
-    (which builds it and prints its header) may read them, so the engine, presentation and the other drivers
-    carry no AAM knob."""
+    """The [data] and [model] tables of the settings are the built-in AAM task's (aam/settings.py): outside aam/
+    only the application (which builds it and prints its header) may import or read them, so the engine,
+    presentation and the other drivers carry no AAM knob."""
     names = "|".join(SECTIONS["data"] + SECTIONS["model"])
-    read = re.compile(rf"\b(?:s|settings|self\.s|trainer\.s|\w+\.settings)\.({names})\b")
+    read = re.compile(rf"\b(?:s|settings|self\.s|trainer\.s|\w+\.settings|\w*\.?aam(?:\.data|\.model)?)\.({names})\b")
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         part = path.relative_to(PACKAGE).parts[0]
-        if part in ("aam", "app") or path.name == "settings.py":
+        if part in ("aam", "app"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if (m := read.search(line)) is not None:
                 found.append(f"{path.relative_to(PACKAGE)}:{n} reads {m[1]}")
+    found += [f"{i}:{line} imports {t}" for i, t, _, line in imports()
+              if t.startswith("debug_nan.aam.settings") and not i.startswith(("debug_nan.aam", "debug_nan.app"))]
     assert not found, found
+
+
+def test_the_engine_sees_only_the_watchs_settings():
+    """The engine imports no settings but the watch's (settings/watch.py): not the training's, the outputs', the
+    composed ones, the built-in task's or the CLI job's."""
+    seen = sorted({f"{i}:{line} imports {t}" for i, t, _, line in imports() if i.startswith("debug_nan.engine")
+                   and (t.startswith(("debug_nan.settings", "debug_nan.aam", "debug_nan.app")))
+                   and t != "debug_nan.settings.watch"})
+    assert not seen, seen
+    assert ("debug_nan.engine.session.policies", "debug_nan.settings.watch") in {(i, t) for i, t, _, _ in imports()}

@@ -33,8 +33,10 @@ class AAMConfig:
 
     @classmethod
     def from_settings(cls, settings) -> "AAMConfig":
-        """The model's fields, read by name from RunSettings (the CLI / TOML job config)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+        """The model's fields, read by name from the built-in task's settings (aam/settings.py AAMSettings: the
+        token limit from its data, the rest from its model)."""
+        return cls(token_limit=settings.data.token_limit,
+                   **{f.name: getattr(settings.model, f.name) for f in fields(cls) if f.name != "token_limit"})
 
 
 class ASVEncoder(nn.Module):

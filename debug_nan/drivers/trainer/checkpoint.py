@@ -262,7 +262,7 @@ def skip_batches(stream, count: int, log):
 
 
 def resume(s, model: torch.nn.Module, optimizer, scheduler, scaler, task, log, sharded: bool = False) -> int:
-    """--checkpoint in a run (s: RunSettings): restore, say what was loaded -> the step the checkpoint reached.
+    """--checkpoint in a run (s: TrainSettings): restore, say what was loaded -> the step the checkpoint reached.
     sharded: --fsdp under torchrun (the model and optimizer sharded by FSDP2)."""
     if not s.checkpoint:
         return 0

@@ -56,7 +56,7 @@ class EvalPass:
 
     def __init__(self, trainer):
         self.t = trainer
-        task, s = trainer.task, trainer.s
+        task, s = trainer.task, trainer.s.train
         if task.eval_batches is None:
             raise InputError(f"--eval-every {s.eval_every}: the task ({task.name}) has no held-out batches; give it "
                              f"`eval_batches` (and optionally `eval_loss(model, batch)` or `evaluate(model, "

@@ -47,10 +47,13 @@ from debug_nan.settings import RunSettings
 class Trainer:
     def __init__(self, task: Task, settings: RunSettings, log, device: torch.device | None = None,
                  dist_ctx: DistContext | None = None, observer: StepObserver | None = None):
+        """`settings`: a RunSettings, or the CLI's JobSettings (the same components and the built-in task's);
+        the Trainer reads its training and watch settings."""
         self.task, self.log, self.dist = task, log, dist_ctx
         self.observer = observer or SilentSteps()
-        self.device = device or resolve_device(settings.device, log)
-        torch.manual_seed(settings.seed)
+        train = settings.train
+        self.device = device or resolve_device(train.device, log)
+        torch.manual_seed(train.seed)
         model, compiled = eager_module(task.model)
         if compiled:
             log("NOTICE: the task's model is torch.compile'd; debugging the eager module underneath (the same "
@@ -59,45 +62,46 @@ class Trainer:
         frozen = enter_training_mode(self.model)
         if frozen:
             log(f"NOTICE: kept in eval mode, as the task left them: {', '.join(p or '<model>' for p in frozen)}.")
-        self.sharded = bool(settings.fsdp and dist_ctx is not None)  # --fsdp: FSDP2 instead of DDP (sharding.py)
+        self.sharded = bool(train.fsdp and dist_ctx is not None)  # --fsdp: FSDP2 instead of DDP (sharding.py)
         if self.sharded:  # before the optimizer, which holds the sharded parameters; a rank that failed to build its
             agree_on_setup(dist_ctx, self.device, None)  # task stops every rank here (the broadcast is a collective)
             units = shard_model(self.model, self.device)
             log(f"  fsdp: the model sharded with FSDP2 over {dist_ctx.world} ranks ({units} units: each block of a "
                 f"ModuleList, and the root); each rank watches and copies its own shards")
-        self.recipe = build_recipe(task, settings, [p for p in self.model.parameters() if p.requires_grad], log)
+        self.recipe = build_recipe(task, train, [p for p in self.model.parameters() if p.requires_grad], log)
         self.optimizer, self.scheduler = self.recipe.optimizer, self.recipe.scheduler
-        self.s = replace(settings, max_grad_norm=self.recipe.max_grad_norm)  # the settings as this run uses them
-        self.precision = Precision(settings.precision, self.device)
+        # the settings as this run uses them (the task's own clipping included)
+        self.s = replace(settings, train=replace(train, max_grad_norm=self.recipe.max_grad_norm))
+        self.precision = Precision(train.precision, self.device)
         self.scaler = self.precision.scaler
-        self.accumulation_steps = settings.gradient_accumulation_steps
+        self.accumulation_steps = train.gradient_accumulation_steps
         self.watch = Watch(self.model, self.optimizer)
         self.watch.exact_grad_norms = bool(self.recipe.max_grad_norm)  # clip_and_step reuses them
-        self.watch.detailed = settings.trace_every_step
+        self.watch.detailed = settings.watch.trace_every_step
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
         self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
             if dist_ctx is not None and not self.sharded else None  # (FSDP reduce-scatters in the backward)
         self.agreement = RankAgreement(dist_ctx, self.device, log) if dist_ctx is not None else None
         self.session = StepSession(self, SessionPolicies.from_settings(
-            settings, "cli", scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
+            settings.watch, "cli", scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
             averaged_after_watch=dist_ctx is not None and not self.sharded, scheduler=self.scheduler), self.watch)
         self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
             self.session.history
         log(f"  snapshot {self.snapshot.describe()}")
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
-        self.first_step = resume(settings, self.model, self.optimizer, self.scheduler, self.scaler, task, log,
+        self.first_step = resume(train, self.model, self.optimizer, self.scheduler, self.scaler, task, log,
                                  self.sharded)
-        self.evaluation = EvalPass(self) if settings.eval_every else None
+        self.evaluation = EvalPass(self) if train.eval_every else None
         self.wrapped = self.model  # what the training step calls: DDP under torchrun
         if dist_ctx is not None:  # the first collective, once every rank got this far (a rank that raised above
             agree_on_setup(dist_ctx, self.device, None)  # makes the runner call the same agreement: all raise)
             self.wrapped = self.model if self.sharded else wrap_ddp(self.model, self.device)
-            torch.manual_seed(settings.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
+            torch.manual_seed(train.seed + dist_ctx.rank)  # per-rank dropout streams; weights came from rank 0
 
     @property
     def checkpoint(self) -> str | None:
         """(StepDriver) --checkpoint: where the run's state came from."""
-        return self.s.checkpoint
+        return self.s.train.checkpoint
 
     @property
     def save_repro(self):
@@ -157,12 +161,12 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
         result = RunResult(status="clean", steps_run=0, history=self.history, recipe=self.recipe.describe())
-        stream = skip_batches(micro_batches(self.task, self.dist), self.s.skip_batches, self.log)
+        stream = skip_batches(micro_batches(self.task, self.dist), self.s.train.skip_batches, self.log)
         # progress on stderr only when it is a terminal: under `2>&1 | tee` the log stays clean
-        bar = tqdm(total=self.s.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
+        bar = tqdm(total=self.s.train.max_steps, desc="debug-nan", unit="step", file=sys.stderr, leave=False,
                    disable=not sys.stderr.isatty())
         try:
-            for step in range(self.first_step + 1, self.first_step + self.s.max_steps + 1):
+            for step in range(self.first_step + 1, self.first_step + self.s.train.max_steps + 1):
                 finding = self.train_step(step, stream)
                 result.steps_run = step - self.first_step
                 bar.update(1)
@@ -171,12 +175,12 @@ class Trainer:
                     finding = self.session.finish()
                     if finding is None and (evaluated := self.evaluation.run(step)) is not None:
                         result.findings.append(evaluated)
-                        if not self.s.keep_going:
+                        if not self.s.watch.keep_going:
                             break  # (under --keep-going training goes on: the pass changed nothing to undo)
                 if finding is None:
                     continue
                 result.findings.append(finding)
-                if not self.s.keep_going or not self.undo_update(finding):
+                if not self.s.watch.keep_going or not self.undo_update(finding):
                     break
             else:  # the parameter check of the last step: one more sync (and agreement under DDP)
                 finding = self.session.finish()

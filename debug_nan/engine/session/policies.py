@@ -1,5 +1,6 @@
 """SessionPolicies: what differs between entry points (everything else is the step session's), built in one
-place from each entry point's settings: SessionPolicies.from_settings."""
+place from each entry point's watch settings (settings/watch.py: all the engine sees of the settings) and what
+only the entry point knows: SessionPolicies.from_settings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from debug_nan.engine.session.agreement import RankAgreement
-from debug_nan.settings import RunSettings
+from debug_nan.settings.watch import WatchSettings
 
 
 @dataclass
@@ -34,11 +35,11 @@ class SessionPolicies:
     # on CUDA
 
     @classmethod
-    def from_settings(cls, s: RunSettings, dialect: str, *, scaler=None, agreement: RankAgreement | None = None,
+    def from_settings(cls, s: WatchSettings, dialect: str, *, scaler=None, agreement: RankAgreement | None = None,
                       agree_on_errors: bool = True, averaged_after_watch: bool = False,
                       bundle_sink: Callable[[dict], str] | None = None, scheduler=None) -> SessionPolicies:
-        """The one place where settings become the session's policies: every entry point calls it with its own
-        settings (the CLI's options, a callback's arguments, the Monitor's) and what only it knows."""
+        """The one place where settings become the session's policies: every entry point calls it with its watch
+        settings (the CLI's options, a callback's arguments, the Monitor's, `run`'s) and what only it knows."""
         return cls(scaler=scaler, agreement=agreement, agree_on_errors=agree_on_errors,
                    averaged_after_watch=averaged_after_watch, bundle_sink=bundle_sink,
                    explosion=(s.explosion_threshold, s.explosion_growth), dialect=dialect, snapshot_mode=s.snapshot,

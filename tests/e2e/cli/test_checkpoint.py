@@ -157,10 +157,10 @@ def test_optimizer_state_of_another_optimizer_exit_2(run_cli, tmp_path):
 
 def test_the_built_in_pipeline_resumes_from_its_own_weights(run_cli, tmp_path):
     from debug_nan.aam.model.aam import AAMConfig, AAMModel
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
     from tests.conftest import TINY
 
-    model = AAMModel(AAMConfig.from_settings(build_settings(TINY, {})))
+    model = AAMModel(AAMConfig.from_settings(build_settings(TINY, {}).aam))
     torch.nn.init.constant_(model.unifrac_head.proj.bias, 0.25)
     path = save(tmp_path, {"model": model.state_dict(), "epoch": 3}, "aam.pt")
     run = run_cli("--config", TINY, "--checkpoint", path, "--max-steps", "1", "--device", "cpu")

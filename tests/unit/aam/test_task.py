@@ -16,13 +16,13 @@ import pytest
 ])
 def test_synthetic_data_only_when_no_data_was_asked_for(tmp_path, monkeypatch, make_data_folder, reason):
     from debug_nan.aam.task import load_or_synthesize
-    from debug_nan.settings import RunSettings
+    from debug_nan.aam.settings import AAMData
 
     monkeypatch.chdir(tmp_path)
     if make_data_folder:
         (tmp_path / "data").mkdir()
         (tmp_path / "data" / "README.txt").write_text("x")
     lines = []
-    data = load_or_synthesize(RunSettings(synthetic_samples=4, token_limit=8), lines.append)
+    data = load_or_synthesize(AAMData(synthetic_samples=4, token_limit=8), 42, lines.append)
     assert data.source == "synthetic" and data.notes[0].startswith(reason)
     assert lines[0].startswith("Synthesizing 4 samples x 64 ASVs")

@@ -8,13 +8,13 @@ import pytest
 
 from debug_nan.app.job import run_job
 from debug_nan.errors import InputError
-from debug_nan.settings import RunSettings
+from debug_nan.app.job_settings import JobSettings
 from tests.conftest import SCENARIOS
 
 
-def settings(name: str, tmp_path, **kw) -> RunSettings:
-    return RunSettings(task=f"{SCENARIOS}:{name}", device="cpu", max_steps=kw.pop("max_steps", 2),
-                       report=str(tmp_path / "r.json"), bundle=False, **kw)
+def settings(name: str, tmp_path, **kw) -> JobSettings:
+    return JobSettings.from_flat(dict(task=f"{SCENARIOS}:{name}", device="cpu", max_steps=kw.pop("max_steps", 2),
+                                      report=str(tmp_path / "r.json"), bundle=False, **kw))
 
 
 @pytest.mark.parametrize("name, code, status", [
@@ -31,8 +31,8 @@ def test_run_job_returns_the_code(tmp_path, name, code, status):
 def test_task_code_failing_is_exit_1_with_status_error(tmp_path):
     """A loss that raises with no NaN/Inf behind it: an error in the task's code, not a numerical finding."""
     assert run_job(settings("ddp_raises_before_forward", tmp_path, max_steps=1), stream=io.StringIO()) == 0
-    s = RunSettings(task=f"{SCENARIOS}:ddp_raises_before_forward", device="cpu", max_steps=4, bundle=False,
-                    report=str(tmp_path / "r.json"))
+    s = JobSettings.from_flat(dict(task=f"{SCENARIOS}:ddp_raises_before_forward", device="cpu", max_steps=4,
+                                   bundle=False, report=str(tmp_path / "r.json")))
     assert run_job(s, stream=io.StringIO()) == 1
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "error" and "KeyError" in report["error"]
@@ -40,7 +40,7 @@ def test_task_code_failing_is_exit_1_with_status_error(tmp_path):
 
 def test_bad_input_raises_instead_of_exiting(tmp_path):
     log_copy = tmp_path / "copy.log"
-    s = RunSettings(task=f"{SCENARIOS}:not_a_task", device="cpu", log=str(log_copy))
+    s = JobSettings.from_flat(dict(task=f"{SCENARIOS}:not_a_task", device="cpu", log=str(log_copy)))
     with pytest.raises(InputError, match="is not a task"):
         run_job(s, stream=io.StringIO())
     assert "debug-nan: error: --task" in log_copy.read_text()  # the log copy keeps the message

@@ -13,7 +13,7 @@ from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.replay.driver import StepDriver
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
-from debug_nan.settings import RunSettings
+from debug_nan.settings import RunSettings, TrainSettings
 
 
 def task(**kw) -> Task:
@@ -23,7 +23,7 @@ def task(**kw) -> Task:
 
 def recipe(t: Task, **settings):
     lines = []
-    r = build_recipe(t, RunSettings(**settings), list(t.model.parameters()), lines.append)
+    r = build_recipe(t, TrainSettings(**settings), list(t.model.parameters()), lines.append)
     return r, lines
 
 
@@ -98,7 +98,7 @@ def test_the_trainer_is_a_step_driver_and_never_calls_train_per_forward():
     t = Task(model=model, batches=[{"x": torch.ones(4, 2)}], name="t",
              loss=lambda m, b: (calls.append([x.training for x in m.modules()]), m.head(m.bn(m.enc(b["x"]))).sum())[1])
     model.bn.eval()
-    trainer = Trainer(t, RunSettings(device="cpu", max_steps=2), Log(stream=io.StringIO()))
+    trainer = Trainer(t, RunSettings(TrainSettings(device="cpu", max_steps=2)), Log(stream=io.StringIO()))
     assert isinstance(trainer, StepDriver)
     assert trainer.run().status == "clean"
     bn = [i for i, m in enumerate(model.modules()) if m is model.bn][0]
@@ -120,7 +120,7 @@ def test_clipping_reuses_the_watchs_norms_only_when_they_are_torchs_own_bit_for_
 
     t = Task(model=make(), batches=batches, loss=loss, name="t", max_grad_norm=0.05,
              optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
-    trainer = Trainer(t, RunSettings(device="cpu", max_steps=4), Log(stream=io.StringIO()))
+    trainer = Trainer(t, RunSettings(TrainSettings(device="cpu", max_steps=4)), Log(stream=io.StringIO()))
     assert trainer.watch.exact_grad_norms
     assert trainer.run().status == "clean"
     plain = make()
@@ -131,6 +131,6 @@ def test_clipping_reuses_the_watchs_norms_only_when_they_are_torchs_own_bit_for_
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.05)
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), plain.parameters()))
-    unclipped = Trainer(Task(model=make(), batches=batches, loss=loss, name="t"), RunSettings(device="cpu"),
-                        Log(stream=io.StringIO()))
+    unclipped = Trainer(Task(model=make(), batches=batches, loss=loss, name="t"),
+                        RunSettings(TrainSettings(device="cpu")), Log(stream=io.StringIO()))
     assert not unclipped.watch.exact_grad_norms

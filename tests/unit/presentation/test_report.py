@@ -8,7 +8,7 @@ import torch
 
 import debug_nan
 from debug_nan.app.run_job import RunOptions
-from debug_nan.drivers.framework_outputs import CALLBACK_SETTINGS, Outputs
+from debug_nan.drivers.framework_outputs import CALLBACK_SETTINGS, Outputs, run_settings
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.session.outcome import RunResult
 from debug_nan.engine.watch.history import History
@@ -20,7 +20,6 @@ from debug_nan.presentation.report import (
     write_error_report,
     write_interrupted_report,
 )
-from debug_nan.settings import RunSettings
 
 LAYOUT = ["schema_version", "status", "steps_run", "first_nonfinite", "findings", "error", "interrupted",
           "exit_code", "elapsed_s", "device", "torch", "debug_nan", "settings", "history", "history_kept", "notes",
@@ -70,8 +69,9 @@ def test_a_callback_reports_what_it_read_from_the_framework_and_its_options(tmp_
     model = torch.nn.Linear(2, 1)
     monitor = SimpleNamespace(optimizer=torch.optim.SGD(model.parameters(), lr=0.5), steps_run=3, findings=[],
                               history=History(), notes=[], error=None, model=model, device=torch.device("cpu"))
-    settings = RunSettings(task="t.py:build", gradient_accumulation_steps=4, precision="bf16", max_steps=3,
-                           report=outputs.report, bundle_dir=outputs.bundle_dir)
+    settings = run_settings(outputs, task="t.py:build", device="cpu", optimizer=monitor.optimizer, accumulation=4,
+                            precision="bf16", max_grad_norm=None, max_steps=3, seed=0, explosion_threshold=1e4,
+                            explosion_growth=1e3)
     result = outputs.conclude(monitor, settings, {"framework": "lightning"})
     data = json.loads((tmp_path / "cb.json").read_text())
     assert result.status == "clean" and data["exit_code"] is None  # the framework's to decide
@@ -79,3 +79,27 @@ def test_a_callback_reports_what_it_read_from_the_framework_and_its_options(tmp_
     assert (data["settings"]["gradient_accumulation_steps"], data["settings"]["precision"]) == (4, "bf16")
     assert "token_limit" not in data["settings"] and "warmup_steps" not in data["settings"]
     assert data["integration"] == {"framework": "lightning"} and data["recipe"]["lr"] == 0.5
+
+
+def test_a_callbacks_and_runs_bundle_record_what_they_used_and_no_setting_of_the_built_in_task(tmp_path):
+    """The repro bundle's `settings` (engine/session/repro.py: the driver's RunSettings.to_dict()): a callback's
+    the framework's recipe, its watch and its outputs; `run`'s the watch's and the outputs' alone (its training is
+    the script's). Never the CLI job's AAM defaults."""
+    from debug_nan.app.job_settings import SECTIONS
+
+    aam = set(SECTIONS["data"] + SECTIONS["model"]) | {"eval_samples"}
+    outputs = Outputs(str(tmp_path / "cb.json"), None, True, None, "stop")
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.25, weight_decay=0.1)
+    callback = run_settings(outputs, task="t.py:build", device="cpu", optimizer=optimizer, accumulation=2,
+                            precision="bf16", max_grad_norm=1.0, max_steps=3, seed=5, explosion_threshold=10.0,
+                            explosion_growth=2.0, snapshot_every=4).to_dict()
+    assert not aam & set(callback)
+    assert (callback["lr"], callback["weight_decay"], callback["gradient_accumulation_steps"], callback["seed"],
+            callback["explosion_threshold"], callback["snapshot_every"], callback["bundle_dir"]) == \
+        (0.25, 0.1, 2, 5, 10.0, 4, str(tmp_path))
+    run = RunOptions(report="/r/run.json", explosion_growth=7.0, bundle_dir="/r", plot="/r/p.png").settings()
+    assert run.train is None and run.accumulation_steps == 1
+    record = run.to_dict()
+    assert not aam & set(record) and "lr" not in record and "seed" not in record
+    assert (record["explosion_growth"], record["plot"], record["bundle_dir"], record["bundle"]) == \
+        (7.0, "/r/p.png", "/r", True)

@@ -8,15 +8,15 @@ import torch
 from debug_nan.drivers.task import load_task
 from debug_nan.drivers.trainer.evaluate import harmed_values
 from debug_nan.drivers.trainer.loop import Trainer
-from debug_nan.settings import RunSettings
+from debug_nan.app.job_settings import JobSettings
 from tests.support.tasks import eval_task
 
 TASK = Path(eval_task.__file__)
 
 
 def test_the_pass_restores_training_flags_and_the_watch():
-    s = RunSettings(task=f"{TASK}:post_norm", device="cpu", eval_every=1, max_steps=1)
-    trainer = Trainer(load_task(s.task, s), s, lambda *a, **k: None)
+    s = JobSettings.from_flat(dict(task=f"{TASK}:post_norm", device="cpu", eval_every=1, max_steps=1))
+    trainer = Trainer(load_task(s.train.task, s.for_task()), s, lambda *a, **k: None)
     flags = {n: m.training for n, m in trainer.model.named_modules()}
     assert flags["frozen"] is False and flags[""] is True
     hooks = len(trainer.watch._handles)

@@ -112,7 +112,7 @@ def test_a_training_step_of_a_batchnorm_model_keeps_one_sync_per_micro_batch():
     from debug_nan.drivers.task import Task
     from debug_nan.drivers.trainer.loop import Trainer
     from debug_nan.presentation.log import Log
-    from debug_nan.settings import build_settings
+    from debug_nan.app.job_settings import build_settings
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))

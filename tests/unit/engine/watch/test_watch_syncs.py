@@ -18,7 +18,7 @@ from debug_nan.drivers.task import Task
 from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.watch.watch import Watch
 from debug_nan.presentation.log import Log
-from debug_nan.settings import build_settings
+from debug_nan.app.job_settings import build_settings
 
 
 class HostSyncs(TorchDispatchMode):
