@@ -1,6 +1,7 @@
 """The application: what the user runs. cli.py (+ cli_options.py, cli_help.py): options, usage errors and exit
 codes, the only place that prints an error and exits ; job.py (a CLI job: settings -> task -> Trainer ->
-presentation) ; run_job.py (`debug-nan run`'s spine: the command watched -> its Ending -> finish) with run_watch.py (the
+presentation) with job_settings.py (its settings: the components composed, the TOML config, the flat record) ;
+run_job.py (`debug-nan run`'s spine: the command watched -> its Ending -> finish) with run_watch.py (the
 hooks' listener, the RunDriver, the command run here), command.py (the user's command: Python run in this process,
 or a program), run_program.py (a program run as a child, and the one answer of all its watched processes),
 run_folder.py (the run's private folder: the start-up hook, the processes' results), run_hook.py (the watch in a

@@ -59,7 +59,8 @@ def data_dir_files(folder: str | None) -> list[str]:
 
 
 def job_inputs(values: Mapping, config: str | None = None) -> dict[str, str]:
-    """label -> path of every input of a run, from its settings (a RunSettings.to_dict() or the raw flags)."""
+    """label -> path of every input of a run, from its settings (the CLI job's flat record, JobSettings.to_dict(),
+    or the raw flags)."""
     inputs = {f"--{k}": values.get(k) for k in ("table", "tree", "sequences")}
     inputs["--config"] = config
     inputs["--task file"] = task_file(values.get("task"))
