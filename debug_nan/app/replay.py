@@ -59,7 +59,10 @@ def bundle_settings(b: dict, path: str, device_spec: str) -> JobSettings:
         raise InputError(f"{where} are not a table of settings (got {type(recorded).__name__}): the bundle is "
                          f"damaged or not debug-nan's. Replay it with the debug-nan that wrote it.")
     values = {name: LAYOUT.check_value(name, value, where) for name, value in recorded.items()}
-    return JobSettings.from_flat({**values, "device": device_spec, "report": None, "log": None})
+    # a setting the run did not know (a callback's seed, its max_steps) is None: at its default here, where only
+    # the model's building before the bundle's state is loaded reads it
+    known = {name: value for name, value in values.items() if value is not None}
+    return JobSettings.from_flat({**known, "device": device_spec, "report": None, "log": None})
 
 
 def replay_bundle(b: dict, path: str, device_spec: str, log) -> tuple[Finding | None, Trainer, list[str]]:

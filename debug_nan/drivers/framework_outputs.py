@@ -125,14 +125,15 @@ class CallbackOutcome:
 
 
 def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accumulation: int, precision: str,
-                 max_grad_norm: float | None, max_steps: int, seed: int, explosion_threshold: float,
+                 max_grad_norm: float | None, max_steps: int | None, seed: int | None, explosion_threshold: float,
                  explosion_growth: float, snapshot_every: int | None = None,
                  outputs_every: int | None = None) -> RunSettings:
     """The framework's recipe as training settings, the callback's options as the watch's and the outputs' (the
     report's `settings`, and a bundle's, so that `debug-nan replay BUNDLE` rebuilds the same step from `task`):
-    no setting of the CLI's built-in task."""
+    no setting of the CLI's built-in task. What the framework does not know is None (Lightning's max_steps -1: no
+    limit; no seed set), never a default."""
     group = optimizer.param_groups[0] if optimizer is not None else {"lr": 0.0}  # (None: a hand-written update)
-    train = TrainSettings(task=task, device=str(device), max_steps=max(1, max_steps),
+    train = TrainSettings(task=task, device=str(device), max_steps=max_steps if max_steps and max_steps > 0 else None,
                           gradient_accumulation_steps=accumulation, lr=float(group["lr"]),
                           weight_decay=float(group.get("weight_decay", 0.0)), warmup_steps=0,
                           max_grad_norm=max_grad_norm or None, precision=precision, seed=seed)

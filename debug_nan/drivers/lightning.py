@@ -129,7 +129,7 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             self.outputs, task=self.task, device=pl_module.device, optimizer=trainer.optimizers[0],
             accumulation=trainer.accumulate_grad_batches, precision=PRECISIONS.get(str(trainer.precision), "fp32"),
             max_grad_norm=trainer.gradient_clip_val if trainer.gradient_clip_algorithm == "norm" else None,
-            max_steps=trainer.max_steps, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            max_steps=trainer.max_steps, seed=_seed(),
             explosion_threshold=self.explosion[0], explosion_growth=self.explosion[1],
             snapshot_every=self.snapshot_every,
             outputs_every=self.outputs_every)
@@ -215,6 +215,12 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             "accumulate_grad_batches": trainer.accumulate_grad_batches, "strategy": type(trainer.strategy).__name__,
             "world_size": trainer.world_size, "global_step": trainer.global_step, "on_trip": self.outputs.on_trip,
         }, write=rank == 0 or alone, error=error, interrupted=interrupted, rank=rank)
+
+
+def _seed() -> int | None:
+    """The seed the script gave Lightning (seed_everything), or None: it set none."""
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return int(seed) if seed is not None and seed.lstrip("-").isdigit() else None
 
 
 def _check_supported(trainer: pl.Trainer, module: pl.LightningModule) -> None:

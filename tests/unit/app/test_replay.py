@@ -48,8 +48,10 @@ def test_a_callbacks_bundle_has_no_setting_of_the_built_in_task():
     from debug_nan.app.replay import bundle_settings
 
     recorded = {k: FLAT_BUNDLE_SETTINGS[k] for k in ("task", "device", "lr", "seed", "explosion_growth", "report")}
-    s = bundle_settings({"settings": {**recorded, "task": "t.py:build"}}, "cb.pt", "cpu")
+    s = bundle_settings({"settings": {**recorded, "task": "t.py:build", "seed": None, "max_steps": None}}, "cb.pt",
+                        "cpu")
     assert (s.train.task, s.train.lr, s.aam.model.d_model) == ("t.py:build", 0.001, 128)
+    assert (s.train.seed, s.train.max_steps) == (42, 10)  # what the framework did not know: the defaults
 
 
 def test_a_bundle_whose_settings_this_version_cannot_read_is_one_paragraph():

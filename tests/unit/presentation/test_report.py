@@ -94,6 +94,10 @@ def test_a_callbacks_and_runs_bundle_record_what_they_used_and_no_setting_of_the
                             precision="bf16", max_grad_norm=1.0, max_steps=3, seed=5, explosion_threshold=10.0,
                             explosion_growth=2.0, snapshot_every=4).to_dict()
     assert not aam & set(callback)
+    unknown = run_settings(outputs, task=None, device="cpu", optimizer=optimizer, accumulation=1, precision="fp32",
+                           max_grad_norm=None, max_steps=-1, seed=None, explosion_threshold=1e4,
+                           explosion_growth=1e3).to_dict()
+    assert (unknown["max_steps"], unknown["seed"]) == (None, None)  # Lightning without max_steps nor a seed
     assert (callback["lr"], callback["weight_decay"], callback["gradient_accumulation_steps"], callback["seed"],
             callback["explosion_threshold"], callback["snapshot_every"], callback["bundle_dir"]) == \
         (0.25, 0.1, 2, 5, 10.0, 4, str(tmp_path))
