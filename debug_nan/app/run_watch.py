@@ -44,7 +44,7 @@ class RunOptions:
     command: list[str] | None = None  # the command as typed (set by run_command)
     plot: str | None = None  # --plot, --tensorboard, --history: as for the job
     tensorboard: str | None = None
-    history: str = "compact"
+    history: str = OutputSettings.history
 
     def report_settings(self) -> dict:
         """The report's `settings`: the options this run used (none of the job's AAM or training knobs)."""

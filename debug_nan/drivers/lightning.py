@@ -219,8 +219,8 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
 
 def _seed() -> int | None:
     """The seed the script gave Lightning (seed_everything), or None: it set none."""
-    seed = os.environ.get("PL_GLOBAL_SEED")
-    return int(seed) if seed is not None and seed.lstrip("-").isdigit() else None
+    seed = os.environ.get("PL_GLOBAL_SEED")  # (seed_everything writes it)
+    return int(seed) if seed is not None else None
 
 
 def _check_supported(trainer: pl.Trainer, module: pl.LightningModule) -> None:

@@ -1,7 +1,7 @@
 """The task plug-in: `--task FILE.py:NAME` or `--task package.module:NAME`.
 
-NAME is a callable taking no argument or one (the run's settings, flat, by the options' names: settings.batch_size).
-It returns an object (or a dict) with
+NAME is a callable taking no argument or one (the run's settings, flat, each by its option's name). It returns an
+object (or a dict) with
   model      torch.nn.Module (a torch.compile'd one is debugged through its eager module, with a notice)
   batches    iterable of micro-batches (tensors, or dicts/tuples/lists of them; other values pass through)
   loss(model, batch) -> scalar tensor, or a dict whose "loss" entry is the scalar (other scalar entries are logged)

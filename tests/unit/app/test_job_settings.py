@@ -172,3 +172,21 @@ def test_a_value_set_in_code_outside_its_choices_names_the_option():
     s = JobSettings.from_flat({"history": "wide"})
     with pytest.raises(InputError, match="--history must be one of compact, full"):
         s.validate()
+
+
+def test_every_setting_is_an_option_in_the_help_group_of_its_component():
+    import click
+
+    from debug_nan.app.cli import main
+    from debug_nan.app.cli_help import GENERAL, SECTIONS as HELP_GROUPS, section_of
+
+    params = {p.name: p for p in main.params}
+    assert set(LAYOUT.places) <= set(params), "a setting without its option"
+    assert {section_of(params[name]) for name in SECTIONS["data"] + SECTIONS["model"]} == {HELP_GROUPS[3]}
+    assert section_of(params["eval_samples"]) == HELP_GROUPS[3]  # the built-in task's, though in [train]
+    assert (section_of(params["lr"]), section_of(params["snapshot"]), section_of(params["plot"])) == \
+        HELP_GROUPS[1:3] + HELP_GROUPS[4:]
+    assert section_of(params["config"]) == GENERAL
+    text = main.get_help(click.Context(main, info_name="debug-nan"))
+    assert [text.index(f"\n{title}:\n") for title in HELP_GROUPS] == sorted(text.index(f"\n{title}:\n")
+                                                                          for title in HELP_GROUPS)
