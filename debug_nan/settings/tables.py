@@ -124,9 +124,6 @@ class Layout:
             return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
         return cls(**{f.name: self._build(_field_class(cls, f), values) for f in fields(cls)})
 
-    def choices(self, name: str) -> tuple[str, ...]:
-        return self.places[name].choices
-
     def default(self, name: str) -> Any:
         place = self.places.get(name)
         return place.default if place is not None else None

@@ -39,7 +39,8 @@ LAYOUT = Layout(Both, examples="width in [sizes]")
 def test_a_layout_reads_the_structure():
     assert LAYOUT.sections == {"sizes": ("width", "kind"), "run": ("steps", "depth")}
     assert (LAYOUT.places["depth"].path, LAYOUT.places["depth"].component) == ("sizes", Sizes)
-    assert LAYOUT.choices("kind") == ("a", "b") and LAYOUT.default("steps") == 2 and LAYOUT.default("nope") is None
+    assert LAYOUT.places["kind"].choices == ("a", "b")
+    assert LAYOUT.default("steps") == 2 and LAYOUT.default("nope") is None
     both = LAYOUT.build({"width": 8, "depth": 3, "steps": 5})
     assert both == Both(Sizes(width=8, depth=3), Run(steps=5))
     with pytest.raises(TypeError, match="unknown settings other"):
