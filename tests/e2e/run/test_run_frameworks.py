@@ -2,11 +2,11 @@
 print exactly their own output; a planted bug gives the `--task` finding for the same model."""
 
 import subprocess
+import sys
 
 import pytest
 
 from tests.support import SUPPORT
-from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 TASKS = str(SUPPORT / "frameworks" / "tasks.py")
@@ -14,7 +14,7 @@ FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause",
 
 
 def plain(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python(), str(HERE / script), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, timeout=300)
 
 
 SCRIPTS = {

@@ -3,12 +3,12 @@ exit code) and broken (the finding equals the `--task` finding for the same mode
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import run_process
 from tests.support import SUPPORT
-from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "plain_loop.py")
@@ -17,7 +17,7 @@ FIELDS = ("step", "micro_step", "phase", "module", "module_type", "op", "cause",
 
 
 def plain(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python(), SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
 
 
 def watched(tmp_path, *args: str, options=()) -> tuple[subprocess.CompletedProcess, dict]:

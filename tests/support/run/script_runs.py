@@ -1,12 +1,13 @@
-"""A small script, written by a test, run alone and through `debug-nan run` in fresh processes."""
+"""A small script, written by a test, run alone (the real interpreter: the reference side of every comparison is
+what `python SCRIPT` does) and through `debug-nan run`."""
 
 import json
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 from tests.conftest import run_process
-from tests.support.warm import python
 
 
 def write(tmp_path: Path, source: str, name: str = "script.py") -> Path:
@@ -16,7 +17,7 @@ def write(tmp_path: Path, source: str, name: str = "script.py") -> Path:
 
 
 def alone(script: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python(), str(script), *args], cwd=script.parent, capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(script), *args], cwd=script.parent, capture_output=True, text=True,
                           timeout=300)
 
 
