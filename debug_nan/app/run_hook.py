@@ -45,7 +45,7 @@ def attach() -> None:
     if folder is None or run_fork.attached:
         return
     given = run_folder.options_of_this_run()
-    options = RunOptions(**{**given, "report": None, "log": None,
+    options = RunOptions(**{**given, "report": None, "log": None, "plot": None, "tensorboard": None,  # (the top's)
                             "trace_at": tuple(given["trace_at"]) if given.get("trace_at") else None})
     watch = HookedWatch(options, folder)
     run_fork.attached.append(watch)
@@ -136,8 +136,18 @@ class HookedWatch(Watch):
             code, together = finish(self, ending, write=False)
         except InputError as exc:
             code, together, error = exc.exit_code, False, str(exc)
-        self.folder.write_result({**result_of(self, ending, code, error), "held": held})
+        self.folder.write_result({**result_of(self, ending, code, error), "held": held, "node_ranks": _node_ranks()})
         return code, together
+
+
+def _node_ranks() -> list[int] | None:
+    """The global ranks of this process's torchrun node (RANK - LOCAL_RANK, then LOCAL_WORLD_SIZE of them), where
+    torchrun said; else None."""
+    try:
+        rank, local, count = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    except (KeyError, ValueError):
+        return None
+    return list(range(rank - local, rank - local + count))
 
 
 __all__ = ["attach"]

@@ -88,3 +88,31 @@ def test_no_process_that_trained_is_bad_input_unless_the_command_failed_on_its_o
     with pytest.raises(CommandRaised, match="the command failed [(]exit 3[)] before any process") as failed:
         give([], 3, tmp_path)
     assert failed.value.exit_code == 3
+
+
+def test_a_node_without_rank_0_names_only_its_own_ranks_and_writes_beside_rank_0s_report(tmp_path):
+    """`srun debug-nan run -- torchrun --nnodes 2 ...`: node 1's command runs global rank 1 only (its torchrun's
+    RANK - LOCAL_RANK, LOCAL_WORLD_SIZE); rank 0 is on the other node, not a rank that left."""
+    clean = dict(result(1), node_ranks=[1])
+    stream = io.StringIO()
+    options = RunOptions(report=str(tmp_path / "run.json"), command=["torchrun", "train.py"])
+    code = answer([clean], 0, None, Command("program", "/bin/torchrun", ["torchrun"], ["torchrun"]), options,
+                  Log(None, stream=stream), 1.0)
+    report = json.loads((tmp_path / "run.rank1.json").read_text())
+    assert (code, report["status"], report["error"]) == (0, "clean", None) and not (tmp_path / "run.json").exists()
+    assert f"JSON report written to {tmp_path / 'run.rank1.json'}" in stream.getvalue()
+
+
+def test_the_history_of_the_rank_of_the_finding_is_the_answers_table(tmp_path):
+    """Each rank leaves its history (its report's) and its model's layout; the top prints the table of the rank
+    that made the value, as `debug-nan run` in one process does."""
+    steps = [{"step": s, "loss": 1.0, "grad_norm": g, "max_abs_activation": {"fc": a}, "grad_norms": {"fc.weight": g}}
+             for s, a, g in ((1, 2.0, 0.5), (2, float("nan"), float("nan")))]
+    made = result(1, "nonfinite", "trip", 2, dict(EVAL, module="fc"))
+    made["report"]["history"], made["layout"] = steps, [["", "Net", []], ["fc", "Linear", ["fc.weight"]]]
+    other = dict(result(0, "nonfinite", "trip", 2, dict(EVAL, module="fc", rank=1)), layout=[["", "Net", []]])
+    code, said, report = give([other, made], 1, tmp_path)
+    table = said[said.index("HISTORY (per layer, 2 step(s))"):said.index("=== SUMMARY ===")]
+    rows = [" ".join(line.split()) for line in table.splitlines()]
+    assert code == 1 and "fc (Linear) 2 nan ▅! 0.5 nan ▅!" in rows and "total gradient norm 0.5 nan ▅!" in rows
+    assert report["history"][1]["max_abs_activation"] == {"fc": "nan"}
