@@ -7,9 +7,12 @@ start-up hook, which stays inert until that process creates an optimizer (proces
 that trains is watched as a rank under `torchrun -m debug_nan run` is (app/run_hook.py). Ctrl-C reaches the
 program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to every
 process of the command (as SLURM and `timeout` signal a whole job: a shell script's python gets it, not the shell
-alone). When it has ended, the watched processes' results make one summary (the last block on screen, after any launcher
-traceback) and one report: the rank that made the first non-finite value, the ranks that saw it, each rank's own
-origin, and the exit code (1 for a finding, else the program's own).
+alone). When it has ended, the watched processes' results make one answer through the one output pipeline
+(presentation/pipeline.py): the history table, --plot and --tensorboard of the rank that made the value (rank 0's when
+clean), one summary (the last block on screen, after any launcher traceback) and one report: the rank that made the
+first non-finite value, the ranks that saw it, each rank's own origin, and the exit code (1 for a finding, else the
+program's own). A command that runs one node's ranks (`srun debug-nan run -- torchrun --nnodes N ...`) answers for
+them: a rank on another node is not one that left, and its outputs go beside global rank 0's node's.
 """
 
 from __future__ import annotations
@@ -251,20 +254,34 @@ def _left_early(results: list[dict], ours: list[int], code: int, launched: dict[
         ran = r["report"].get("steps_run", 0)
         if r["report"].get("interrupted"):
             continue
-        if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
-            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
-                        f"with code {r.get('code')}.")
+        # how it exited: as its launcher saw it (a SystemExit it raised itself, os._exit), else as it said
+        exited = launched.get(r.get("rank"), r.get("code"))
+        if r.get("ending") == "ended" and (ran < steps or others_failed and exited):
+            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: "
+                        f"{_how(exited, r.get('code_seen', True) or r.get('rank') in launched)}.")
     return said
+
+
+def _how(exited: int, seen: bool) -> str:
+    if exited < 0:
+        return f"it was killed by {_signal_name(-exited)}"
+    if seen:
+        return f"it exited with code {exited}"
+    return ("its script ended there (it returned, or raised SystemExit itself, whose code a process cannot read: "
+            "its launcher did not say)")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _without_result(rank: int, exitcode: int | None, code: int) -> str:
     if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return (f"Rank {rank} was killed by {name} while the others trained (its launcher saw exit code {exitcode}; "
-                f"the command's exit: {code}).")
+        return (f"Rank {rank} was killed by {_signal_name(-exitcode)} while the others trained (its launcher saw "
+                f"exit code {exitcode}; the command's exit: {code}).")
     if exitcode is not None:
         return (f"Rank {rank} exited with code {exitcode} while the others trained, without a result (the "
                 f"command's exit: {code}).")

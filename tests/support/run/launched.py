@@ -8,7 +8,7 @@ Every rank builds the same model (seed 0), wraps it in DDP (gloo) and trains 4 s
 no_grad. Rank 0 prints the training loss averaged over the ranks and its own validation loss. --bug overflow:
 rank 1's batch of step 3 has targets ~1e20 (its squared error overflows, on rank 1 only); eval: rank 1's validation
 batch after step 2 holds a sample with no valid key (NaN in the softmax, only in rank 1's validation pass); exit:
-rank 1 calls sys.exit(3) at step 3. --cuda (under torchrun): NCCL, one GPU per rank.
+rank 1 raises SystemExit(3) at step 3. --cuda (under torchrun): NCCL, one GPU per rank.
 """
 
 import argparse
@@ -38,7 +38,7 @@ def train(rank: int, world: int, bug: str, device: torch.device | None = None) -
     checks = on(checks[rank::world], device)
     for step, batch in enumerate(data, start=1):
         if bug == "exit" and rank == 1 and step == 3:
-            sys.exit(3)
+            raise SystemExit(3)  # (as `raise SystemExit(main())` ends a script: no sys.exit call to see)
         loss = models.regression_loss(model, batch)
         loss.backward()
         optimizer.step()

@@ -116,3 +116,23 @@ def test_the_history_of_the_rank_of_the_finding_is_the_answers_table(tmp_path):
     rows = [" ".join(line.split()) for line in table.splitlines()]
     assert code == 1 and "fc (Linear) 2 nan ▅! 0.5 nan ▅!" in rows and "total gradient norm 0.5 nan ▅!" in rows
     assert report["history"][1]["max_abs_activation"] == {"fc": "nan"}
+
+
+def test_a_rank_that_raised_systemexit_itself_is_named_with_its_launchers_code(tmp_path):
+    """`raise SystemExit(3)` (not sys.exit) leaves the rank's own code unseen: torchrun's word names it; without
+    one, the summary says what is known, not a code."""
+    unseen = dict(result(1, "clean", "ended", 2, code=0), code_seen=False)
+    stopped = result(0, "clean", "ended", 2, code=143)
+    stopped["report"]["interrupted"] = True
+    stream = io.StringIO()
+    options = RunOptions(report=str(tmp_path / "run.json"), command=["torchrun", "train.py"])
+    command = Command("program", "/bin/torchrun", ["torchrun"], ["torchrun"])
+    answer([stopped, unseen], 1, None, command, options, Log(None, stream=stream), 1.0, {1: 3, 0: -15})
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["error"] == ("Rank 1 left the run after 2 step(s) while the others trained: it exited with code "
+                               "3.")
+    (tmp_path / "alone").mkdir()
+    _, _, report = give([result(0, "clean", "ended", 4), dict(result(1, "clean", "ended", 2), code_seen=False)], 0,
+                        tmp_path / "alone")
+    assert report["error"].startswith("Rank 1 left the run after 2 step(s) while the others trained: its script "
+                                      "ended there (it returned, or raised SystemExit itself")
