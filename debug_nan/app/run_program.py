@@ -45,20 +45,21 @@ def run_program(command: commands.Command, options) -> int:
     """Run the program with the hook, wait for its end -> the exit code of the one answer."""
     check_plot_available(options.plot)  # (before anything runs: the answer's outputs are this process's)
     check_tensorboard(options.tensorboard)
-    log = Log(paths.partial(options.log), follow_stderr=True)
+    # (streamed beside --log under a name of this process's: each node's debug-nan may share one file system)
+    log = Log(paths.partial(f"{options.log}.{os.getpid()}") if options.log else None, follow_stderr=True)
     log(f"[debug-nan] run: {command.describe()} (a program: every Python process it starts is watched from its "
         f"first optimizer; debug-nan's lines on stderr, one summary when the program has ended)")
     started = time.perf_counter()
-    folder = RunFolder().make()
+    folder, results = RunFolder().make(), []
     try:
-        code, signalled = _run_child(command, folder.environment(options))
-        results, launched = folder.results(), folder.launcher_failures()
-    finally:
-        folder.remove()
-    try:
+        try:
+            code, signalled = _run_child(command, folder.environment(options))
+            results, launched = folder.results(), folder.launcher_failures()
+        finally:
+            folder.remove()
         return answer(results, code, signalled, command, options, log, time.perf_counter() - started, launched)
-    finally:
-        _place_log(log, options)
+    finally:  # (also when the program could not start: no hidden copy left behind)
+        _place_log(log, options, _ranks_here(results, max((r.get("world") or 1 for r in results), default=1)))
 
 
 def _run_child(command: commands.Command, env: dict) -> tuple[int, str | None]:
@@ -297,11 +298,12 @@ def _rank_entry(result: dict) -> dict:
                                                                            "source", "module")}}
 
 
-def _place_log(log: Log, options) -> None:
+def _place_log(log: Log, options, ours: list[int]) -> None:
+    """The --log copy to its place: --log, or beside it for a command that runs no global rank 0 (another node's)."""
     if log.copy_path is None:
         return
     log.close()
     notes: list[str] = []
-    paths.place(log.copy_path, options.log, "--log", None, notes.append)
+    paths.place(log.copy_path, _this_node(options.log, ours), "--log", None, notes.append)
     for line in notes:
         log(line, "yellow")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from debug_nan.app.command import Command
-from debug_nan.app.run_program import answer
+from debug_nan.app.run_program import _place_log, answer
 from debug_nan.app.run_watch import RunOptions
 from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.log import Log
@@ -136,3 +136,15 @@ def test_a_rank_that_raised_systemexit_itself_is_named_with_its_launchers_code(t
                         tmp_path / "alone")
     assert report["error"].startswith("Rank 1 left the run after 2 step(s) while the others trained: its script "
                                       "ended there (it returned, or raised SystemExit itself")
+
+
+def test_the_log_of_a_node_without_rank_0_goes_beside_rank_0s(tmp_path):
+    """Each node's debug-nan streams its --log copy under a name of its own process, then moves it to --log (the
+    node of global rank 0) or beside it (run.rank1.log): two nodes on one file system never share a file."""
+    options = RunOptions(log=str(tmp_path / "run.log"))
+    for ours in ([1], [0, 1]):
+        log = Log(str(tmp_path / f".copy{ours[0]}"), stream=io.StringIO())
+        log(f"[debug-nan] node of rank {ours[0]}")
+        _place_log(log, options, ours)
+    assert (tmp_path / "run.rank1.log").read_text() == "[debug-nan] node of rank 1\n"
+    assert (tmp_path / "run.log").read_text() == "[debug-nan] node of rank 0\n"
