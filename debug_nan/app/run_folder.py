@@ -5,8 +5,12 @@ of the workers that failed (`launcher/<pid>.json`: torchrun's ChildFailedError, 
 system's temporary folder and removed when the run ends: nothing is installed or left behind.
 
 A result, as a watched process writes it (atomically: a reader never sees half of one):
-  {"rank": 1, "world": 2, "pid": 4242, "ending": "trip" | "max-steps" | "error" | "ended",
-   "report": {... the report of that process, as `debug-nan run`'s report ...}, "held": "its debug-nan lines"}
+  {"rank": 1, "world": 2, "pid": 4242, "ending": "trip" | "max-steps" | "error" | "ended", "code": 0,
+   "code_seen": true,  # false: the process saw no sys.exit (its end, or a SystemExit it raised itself)
+   "node_ranks": [0, 1] | null,  # the global ranks of its torchrun node (RANK - LOCAL_RANK, LOCAL_WORLD_SIZE)
+   "report": {... the report of that process, as `debug-nan run`'s report, its history included ...},
+   "layout": [[module path, type, [its parameters]], ...],  # (the top's history table, plot, TensorBoard)
+   "held": "its debug-nan lines"}
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def attach() -> None:
     if folder is None or run_fork.attached:
         return
     given = run_folder.options_of_this_run()
-    options = RunOptions(**{**given, "report": None, "log": None,
+    options = RunOptions(**{**given, "report": None, "log": None, "plot": None, "tensorboard": None,  # (the top's)
                             "trace_at": tuple(given["trace_at"]) if given.get("trace_at") else None})
     watch = HookedWatch(options, folder)
     run_fork.attached.append(watch)
@@ -68,7 +68,9 @@ class HookedWatch(Watch):
     def __init__(self, options: RunOptions, folder: run_folder.RunFolder):
         super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=io.StringIO()),
                          on_stop=self._stopped)
-        self.folder, self.ended, self.exit_code = folder, False, 0
+        # the code this process exits with, where it is seen here: sys.exit in the main thread, a forked worker's
+        # os._exit (app/run_fork.py); None: none seen (the script ran to its end, or raised SystemExit itself)
+        self.folder, self.ended, self.exit_code = folder, False, None
         self._excepthook = sys.excepthook
 
     def attach(self, model, optimizer) -> None:
@@ -107,8 +109,13 @@ class HookedWatch(Watch):
             os.kill(os.getpid(), signum)
 
     def exit(self, status=None):
-        """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it)."""
-        self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
+        """sys.exit as the script calls it: its code kept for the result (an atexit function cannot read it). In
+        another thread it ends that thread only: not the process's code. A SystemExit the script raises itself
+        (`raise SystemExit(main())`, the builtin exit()) leaves no trace a process can read on Python 3.10-3.11
+        without tracing every call: its code is the launcher's word (torchrun's), else said to be unseen; os._exit
+        runs no Python at all."""
+        if threading.current_thread() is threading.main_thread():
+            self.exit_code = commands.exit_code(status) if isinstance(status, (int, type(None))) else 1
         raise SystemExit(status)
 
     def alone(self) -> None:
@@ -118,12 +125,13 @@ class HookedWatch(Watch):
 
     def at_exit(self) -> None:
         self.alone()
-        code, together = self.end(Ending(code=self.exit_code))
+        code, together = self.end(Ending(code=self.exit_code or 0), seen=self.exit_code is not None)
         if self.ranks is not None and together:
             self.ranks.meet(code, timeout_s=30.0)  # (as a rank run in its launcher's process leaves: together)
 
-    def end(self, ending: Ending) -> tuple[int, bool]:
-        """The run settled from `ending`, its result left in the run folder -> (exit code, together)."""
+    def end(self, ending: Ending, seen: bool = True) -> tuple[int, bool]:
+        """The run settled from `ending`, its result left in the run folder -> (exit code, together). `seen`:
+        whether the process saw how it exits (else its code is 0 as far as it knows: `code_seen` false)."""
         if self.ended:
             return 1, False
         self.ended = True
@@ -136,8 +144,19 @@ class HookedWatch(Watch):
             code, together = finish(self, ending, write=False)
         except InputError as exc:
             code, together, error = exc.exit_code, False, str(exc)
-        self.folder.write_result({**result_of(self, ending, code, error), "held": held})
+        self.folder.write_result({**result_of(self, ending, code, error), "held": held, "node_ranks": _node_ranks(),
+                                  "code_seen": seen})
         return code, together
+
+
+def _node_ranks() -> list[int] | None:
+    """The global ranks of this process's torchrun node (RANK - LOCAL_RANK, then LOCAL_WORLD_SIZE of them), where
+    torchrun said; else None."""
+    try:
+        rank, local, count = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    except (KeyError, ValueError):
+        return None
+    return list(range(rank - local, rank - local + count))
 
 
 __all__ = ["attach"]

@@ -32,6 +32,7 @@ from debug_nan.drivers.run.hooks import Hooks, RunStopped
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.errors import CommandRaised, InputError, describe_exception
+from debug_nan.presentation.history_rows import Layout
 from debug_nan.presentation.log import RankMarked, error_line
 from debug_nan.presentation.report import build_report
 from debug_nan.presentation.summary import exit_code
@@ -174,6 +175,7 @@ def result_of(watch: Watch, ending: Ending, code: int, error: str | None = None)
     ranks = watch.ranks
     return {"rank": ranks.rank if ranks is not None else None, "world": ranks.world if ranks is not None else 1,
             "pid": os.getpid(), "code": code, "report": data, "held": watch.held(),
+            "layout": Layout.of(m.model).modules if m is not None else None,  # (the top's history table and plot)
             "ending": ending.stop or ("error" if ending.error is not None or error is not None else "ended")}
 
 

@@ -7,9 +7,12 @@ start-up hook, which stays inert until that process creates an optimizer (proces
 that trains is watched as a rank under `torchrun -m debug_nan run` is (app/run_hook.py). Ctrl-C reaches the
 program from the terminal as without debug-nan; a SIGTERM or SIGHUP sent to debug-nan is passed on to every
 process of the command (as SLURM and `timeout` signal a whole job: a shell script's python gets it, not the shell
-alone). When it has ended, the watched processes' results make one summary (the last block on screen, after any launcher
-traceback) and one report: the rank that made the first non-finite value, the ranks that saw it, each rank's own
-origin, and the exit code (1 for a finding, else the program's own).
+alone). When it has ended, the watched processes' results make one answer through the one output pipeline
+(presentation/pipeline.py): the history table, --plot and --tensorboard of the rank that made the value (rank 0's when
+clean), one summary (the last block on screen, after any launcher traceback) and one report: the rank that made the
+first non-finite value, the ranks that saw it, each rank's own origin, and the exit code (1 for a finding, else the
+program's own). A command that runs one node's ranks (`srun debug-nan run -- torchrun --nnodes N ...`) answers for
+them: a rank on another node is not one that left, and its outputs go beside global rank 0's node's.
 """
 
 from __future__ import annotations
@@ -26,31 +29,37 @@ from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import RunFolder
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.watch.history import History
 from debug_nan.errors import CommandRaised, InputError
-from debug_nan.presentation.log import Log
-from debug_nan.presentation.outputs import OutputWriteError
-from debug_nan.presentation.report import write_report
-from debug_nan.presentation.summary import write_summary
+from debug_nan.presentation.history_plot import check_plot_available
+from debug_nan.presentation.history_rows import Layout
+from debug_nan.presentation.log import Log, error_line
+from debug_nan.presentation.outputs import rank_path
+from debug_nan.presentation.pipeline import OutputOptions, present
+from debug_nan.presentation.tensorboard import check_tensorboard
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # to every process of the command (Ctrl-C: from the terminal)
 
 
 def run_program(command: commands.Command, options) -> int:
     """Run the program with the hook, wait for its end -> the exit code of the one answer."""
-    log = Log(paths.partial(options.log), follow_stderr=True)
+    check_plot_available(options.plot)  # (before anything runs: the answer's outputs are this process's)
+    check_tensorboard(options.tensorboard)
+    # (streamed beside --log under a name of this process's: each node's debug-nan may share one file system)
+    log = Log(paths.partial(f"{options.log}.{os.getpid()}") if options.log else None, follow_stderr=True)
     log(f"[debug-nan] run: {command.describe()} (a program: every Python process it starts is watched from its "
         f"first optimizer; debug-nan's lines on stderr, one summary when the program has ended)")
     started = time.perf_counter()
-    folder = RunFolder().make()
+    folder, results = RunFolder().make(), []
     try:
-        code, signalled = _run_child(command, folder.environment(options))
-        results, launched = folder.results(), folder.launcher_failures()
-    finally:
-        folder.remove()
-    try:
+        try:
+            code, signalled = _run_child(command, folder.environment(options))
+            results, launched = folder.results(), folder.launcher_failures()
+        finally:
+            folder.remove()
         return answer(results, code, signalled, command, options, log, time.perf_counter() - started, launched)
-    finally:
-        _place_log(log, options)
+    finally:  # (also when the program could not start: no hidden copy left behind)
+        _place_log(log, options, _ranks_here(results, max((r.get("world") or 1 for r in results), default=1)))
 
 
 def _run_child(command: commands.Command, env: dict) -> tuple[int, str | None]:
@@ -147,6 +156,7 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
                          f"from its first optimizer: a process of another Python environment than {sys.executable} "
                          f"is not reached).")
     world = max(r.get("world") or 1 for r in results)
+    ours = _ranks_here(results, world)
     for r in results:  # a rank that ended alone: what it saw, marked with its rank
         if r.get("held") and r.get("rank") and r["report"].get("status") == "error":
             for line in r["held"].splitlines():
@@ -161,31 +171,50 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     if first is not None and world > 1:
         _name_ranks(first, chosen, found)
     notes = list(data.get("notes") or [])
-    left = [] if found else _left_early(results, world, code, launched or {})
+    left = [] if found else _left_early(results, ours, code, launched or {})
     if left:  # no finding: the rank that left while the others trained is what ended the run
         data["status"] = "error"
         data["error"] = " ".join(left) + (f" Then: {data['error']}" if data.get("error") else "")
     data.update(status="nonfinite" if found else data.get("status", "clean"), exit_code=final, notes=notes,
-                ranks=[_rank_entry(r) for r in results], interrupted=signalled is not None)
+                ranks=[_rank_entry(r) for r in results], interrupted=signalled is not None,
+                settings=options.report_settings())
     data["integration"] = {**(data.get("integration") or {}), "framework": "debug-nan run", "kind": "program",
                            "command": options.command, "world_size": world, "exit_code_of_command": code,
                            "processes_watched": len(results)}
     findings = [Finding(**f) for f in data.get("findings") or []]
     if first is not None:
         findings[:1] = [Finding(**first)]
+    layout = chosen.get("layout")  # the history of the rank of the finding (rank 0's when clean), as its model reads
     result = RunResult(status=data["status"], steps_run=data.get("steps_run", 0), finding=findings[0] if findings
                        else None, findings=findings, error=data.get("error"), notes=notes,
+                       history=History.from_dict(data.get("history") or []) if layout else History(),
                        interrupted=signalled is not None, exit_code=final)
-    write_summary(log, result, elapsed, interrupted_by=signalled or "Ctrl-C")
-    report = paths.destination(options.report, "--report", None, log)
-    if report:
-        try:
-            write_report(report, data)
-            log(f"JSON report written to {report}")
-        except OutputWriteError as exc:
-            log(f"  could not write the JSON report: {exc}", "yellow")
-            return 2
+    outputs = OutputOptions(*(_this_node(paths.destination(path, option, None, log), ours)
+                              for path, option in ((options.report, "--report"), (options.plot, "--plot"))),
+                            options.tensorboard, options.history)
+    failure = present(log, result, Layout(layout or []), outputs, settings=None, device=None, elapsed=elapsed,
+                      interrupted_by=signalled or "Ctrl-C",
+                      report_of=lambda result, code: {**data, "exit_code": code, "notes": list(result.notes)})
+    if failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(failure), "red")
+        return 2
     return final
+
+
+def _ranks_here(results: list[dict], world: int) -> list[int]:
+    """The global ranks this command runs: its torchrun node's (each rank says its node's, from RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE: under `srun debug-nan run -- torchrun --nnodes N ...` each node's command has its own), else
+    every rank of the world."""
+    spans = [r.get("node_ranks") for r in results]
+    if world > 1 and spans and all(spans):
+        return sorted({rank for span in spans for rank in span})
+    return list(range(world))
+
+
+def _this_node(path: str | None, ours: list[int]) -> str | None:
+    """An output of a command that does not run global rank 0 (another node's): beside rank 0's node's, as another
+    rank's own copy is (report.rank1.json), never over it."""
+    return rank_path(path, ours[0]) if path and ours and 0 not in ours else path
 
 
 def _first(result: dict) -> tuple:
@@ -212,34 +241,48 @@ def _name_ranks(first: dict, chosen: dict, found: list[dict]) -> None:
     first["rank_origins"] = origins or None
 
 
-def _left_early(results: list[dict], world: int, code: int, launched: dict[int, int]) -> list[str]:
-    """The ranks that left while the others trained (an exit, a kill), each named with how it ended (a rank that
-    left no result: as its launcher saw it end, where it said)."""
-    if world < 2:
+def _left_early(results: list[dict], ours: list[int], code: int, launched: dict[int, int]) -> list[str]:
+    """The ranks that left while the others trained (an exit, a kill), each named with how it ended (a rank of this
+    command that left no result: as its launcher saw it end, where it said)."""
+    if len(ours) < 2 and max(r.get("world") or 1 for r in results) < 2:
         return []
     steps = max(r["report"].get("steps_run", 0) for r in results)
     seen = {r.get("rank") for r in results}
-    said = [_without_result(r, launched.get(r), code) for r in range(world) if r not in seen]
+    said = [_without_result(r, launched.get(r), code) for r in ours if r not in seen]
     # (a rank the launcher stopped by SIGTERM, once another left, leaves its result as interrupted: not a leaver)
     others_failed = any(r.get("ending") == "error" or r["report"].get("interrupted") for r in results)
     for r in results:
         ran = r["report"].get("steps_run", 0)
         if r["report"].get("interrupted"):
             continue
-        if r.get("ending") == "ended" and (ran < steps or others_failed and r.get("code")):
-            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: it exited "
-                        f"with code {r.get('code')}.")
+        # how it exited: as its launcher saw it (a SystemExit it raised itself, os._exit), else as it said
+        exited = launched.get(r.get("rank"), r.get("code"))
+        if r.get("ending") == "ended" and (ran < steps or others_failed and exited):
+            said.append(f"Rank {r['rank']} left the run after {ran} step(s) while the others trained: "
+                        f"{_how(exited, r.get('code_seen', True) or r.get('rank') in launched)}.")
     return said
+
+
+def _how(exited: int, seen: bool) -> str:
+    if exited < 0:
+        return f"it was killed by {_signal_name(-exited)}"
+    if seen:
+        return f"it exited with code {exited}"
+    return ("its script ended there (it returned, or raised SystemExit itself, whose code a process cannot read: "
+            "its launcher did not say)")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _without_result(rank: int, exitcode: int | None, code: int) -> str:
     if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return (f"Rank {rank} was killed by {name} while the others trained (its launcher saw exit code {exitcode}; "
-                f"the command's exit: {code}).")
+        return (f"Rank {rank} was killed by {_signal_name(-exitcode)} while the others trained (its launcher saw "
+                f"exit code {exitcode}; the command's exit: {code}).")
     if exitcode is not None:
         return (f"Rank {rank} exited with code {exitcode} while the others trained, without a result (the "
                 f"command's exit: {code}).")
@@ -255,11 +298,12 @@ def _rank_entry(result: dict) -> dict:
                                                                            "source", "module")}}
 
 
-def _place_log(log: Log, options) -> None:
+def _place_log(log: Log, options, ours: list[int]) -> None:
+    """The --log copy to its place: --log, or beside it for a command that runs no global rank 0 (another node's)."""
     if log.copy_path is None:
         return
     log.close()
     notes: list[str] = []
-    paths.place(log.copy_path, options.log, "--log", None, notes.append)
+    paths.place(log.copy_path, _this_node(options.log, ours), "--log", None, notes.append)
     for line in notes:
         log(line, "yellow")

@@ -40,14 +40,26 @@ class Row:
         return f"{self.name or '<model>'} ({self.kind})"
 
 
-def units(model: nn.Module) -> list[tuple[str, str, list[str]]]:
+@dataclass
+class Layout:
+    """A model's modules as the rows read them: (path, type, direct parameter names) for every module, in model
+    order (a block that owns no parameter is named by its type too). Made from the model (`of`), or read back from
+    its JSON form (`modules`) where the model is in another process: the ranks of `debug-nan run -- PROGRAM`."""
+
+    modules: list[tuple[str, str, list[str]]]
+
+    @classmethod
+    def of(cls, model: nn.Module | Layout) -> Layout:
+        if isinstance(model, Layout):
+            return model
+        return cls([(path, user_class(type(module)).__name__,
+                     [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)])
+                    for path, module in model.named_modules()])
+
+
+def units(model: nn.Module | Layout) -> list[tuple[str, str, list[str]]]:
     """(path, type, direct parameter names) for every module that owns parameters, in model order."""
-    out = []
-    for path, module in model.named_modules():
-        own = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
-        if own:
-            out.append((path, user_class(type(module)).__name__, own))
-    return out
+    return [(path, kind, own) for path, kind, own in Layout.of(model).modules if own]
 
 
 def _worse(a: float | None, b: float) -> float:
@@ -116,8 +128,10 @@ def _growth(acts: list[float | None], grads: list[float | None]) -> float:
     return growth
 
 
-def build_rows(history: History, model: nn.Module, full: bool = False, finding_module: str | None = None) -> list[Row]:
+def build_rows(history: History, model: nn.Module | Layout, full: bool = False,
+               finding_module: str | None = None) -> list[Row]:
     """The table's rows in model order: every unit (`full`, or when they fit), else grouped by block."""
+    model = Layout.of(model)
     found = units(model)
     if full or len(found) <= MAX_ROWS:
         acts, grads = _measure(history, [[p] for p, _, _ in found], [params for _, _, params in found],
@@ -126,8 +140,8 @@ def build_rows(history: History, model: nn.Module, full: bool = False, finding_m
     return _grouped(history, model, found, finding_module)
 
 
-def _grouped(history, model, found, finding_module) -> list[Row]:
-    modules = dict(model.named_modules())
+def _grouped(history, model: Layout, found, finding_module) -> list[Row]:
+    kinds = {path: kind for path, kind, _ in model.modules}
     order: list[tuple[str, str]] = []  # ("unit", path) | ("family", family) in model order
     families: dict[str, dict[str, list[str]]] = {}  # family -> block -> parameters
     loose: dict[str, list[str]] = {}
@@ -152,21 +166,21 @@ def _grouped(history, model, found, finding_module) -> list[Row]:
     specs: list[tuple[str, str, list[str], list[str]]] = []  # name, kind, activation prefixes, parameters
     for what, name in order:
         if what == "unit":
-            specs.append((name, user_class(type(modules[name])).__name__, [name], loose[name]))
+            specs.append((name, kinds[name], [name], loose[name]))
             continue
         fam = families[name]
         if len(fam) == 1:  # one block: itself
             (block, params), = fam.items()
-            specs.append((block, user_class(type(modules[block])).__name__, [block], params))
+            specs.append((block, kinds[block], [block], params))
             continue
         first, last = (b.rsplit(".", 1)[-1] for b in (next(iter(fam)), list(fam)[-1]))
-        kind = user_class(type(modules[next(iter(fam))])).__name__
+        kind = kinds[next(iter(fam))]
         specs.append((f"{name}.{first}..{last}" if name else f"{first}..{last}", f"{kind} x {len(fam)}", list(fam),
                       [p for params in fam.values() for p in params]))
         # with one step there is no growth to rank by: the range row and the block of the finding
         ranked = sorted(fam, key=lambda b: _growth(*per_block[b]), reverse=True)[:TOP_BLOCKS if steps > 1 else 0]
         chosen = set(ranked) | ({target} if target in fam else set())
-        specs += [(b, user_class(type(modules[b])).__name__, [b], fam[b]) for b in fam if b in chosen]
+        specs += [(b, kinds[b], [b], fam[b]) for b in fam if b in chosen]
     if len(specs) > MAX_ROWS:  # many loose units as well: keep the families and the finding's rows first
         specs = _fold_loose(specs, families, target)
     acts, grads = _measure(history, [s[2] for s in specs], [s[3] for s in specs],

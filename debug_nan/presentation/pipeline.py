@@ -10,6 +10,7 @@ ends with the reason; under a callback (the framework's code) the log says so an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from debug_nan.presentation.history_plot import plot_history
 from debug_nan.presentation.history_table import history_lines
@@ -44,10 +45,13 @@ def tensorboard_texts(result) -> dict[str, str]:
 
 
 def present(log, result, model, options: OutputOptions, *, settings: dict | None, device, elapsed: float,
-            extra: dict | None = None, exits: bool = True, interrupted_by: str = "Ctrl-C") -> str | None:
-    """Write every output of `result` (a RunResult; `model` names the history's rows) and close the log.
-    `settings`, `device`, `extra`: the report's (build_report). `exits`: the process ends with the result's exit
-    code (the report's `exit_code`; None under a callback). Returns why an output could not be written, or None."""
+            extra: dict | None = None, exits: bool = True, interrupted_by: str = "Ctrl-C",
+            report_of: Callable[[object, int | None], dict] | None = None) -> str | None:
+    """Write every output of `result` (a RunResult; `model`, an nn.Module or its history_rows.Layout, names the
+    history's rows) and close the log. `settings`, `device`, `extra`: the report's (build_report). `exits`: the
+    process ends with the result's exit code (the report's `exit_code`; None under a callback). `report_of(result,
+    exit_code)`: the report where it is more than the result's own (the one answer of `debug-nan run -- PROGRAM`,
+    made from its ranks' reports). Returns why an output could not be written, or None."""
     full, found = options.history == "full", result.finding.module if result.finding is not None else None
     if result.history.steps and not options.quiet:
         log()
@@ -62,8 +66,10 @@ def present(log, result, model, options: OutputOptions, *, settings: dict | None
         result.notes.append("stdout was closed (e.g. `| head`): the rest of the log went to --log and the report only.")
 
     def report() -> dict:
-        return build_report(result, exit_code=exit_code(result) if exits else None, settings=settings, device=device,
-                            elapsed=elapsed, **(extra or {}))
+        code = exit_code(result) if exits else None
+        if report_of is not None:
+            return report_of(result, code)
+        return build_report(result, exit_code=code, settings=settings, device=device, elapsed=elapsed, **(extra or {}))
 
     failures, written = [], []
     if options.report:

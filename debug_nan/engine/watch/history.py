@@ -243,3 +243,20 @@ class History:
                  **({} if r.outputs_measured else {"outputs_measured": False}),
                  **({"max_abs_activation": r.activations, "grad_norms": r.grad_norms} if r.per_layer else {})}
                 for r in self.steps]
+
+    @classmethod
+    def from_dict(cls, steps: list[dict]) -> History:
+        """The steps of `to_dict` read back (the history of another process: a rank of `debug-nan run -- PROGRAM`
+        left its report for the top process to present)."""
+        history = cls()
+        for d in steps:
+            rec = StepRecord(d["step"], loss=d.get("loss"), parts=dict(d.get("parts") or {}),
+                             grad_norm=d.get("grad_norm"), grad_norms=dict(d.get("grad_norms") or {}),
+                             activations=dict(d.get("max_abs_activation") or {}), lr=d.get("lr"),
+                             loss_scale=d.get("loss_scale"), seconds=d.get("seconds"),
+                             peak_memory_mb=d.get("peak_memory_mb"), scaler_skipped=bool(d.get("scaler_skipped")),
+                             per_layer="max_abs_activation" in d, outputs_measured=d.get("outputs_measured", True))
+            if rec.outputs_measured:
+                history.measured.add(rec.step)
+            history.steps.append(rec)
+        return history

@@ -37,10 +37,10 @@ def run(words: list[str], cwd: Path, **extra) -> subprocess.CompletedProcess:
     return subprocess.run(words, cwd=cwd, env=env(**extra), capture_output=True, text=True, timeout=300)
 
 
-def watched(*words: str, **extra):
-    """make(folder) for once(): `debug-nan run --report run.json -- WORDS` in that folder."""
-    return lambda folder: run([sys.executable, "-m", "debug_nan", "run", "--report", "run.json", "--", *words],
-                              folder, **extra)
+def watched(*words: str, flags: tuple[str, ...] = (), **extra):
+    """make(folder) for once(): `debug-nan run --report run.json FLAGS -- WORDS` in that folder."""
+    return lambda folder: run([sys.executable, "-m", "debug_nan", "run", "--report", "run.json", *flags, "--",
+                               *words], folder, **extra)
 
 
 def plain(*words: str, **extra):
@@ -132,14 +132,30 @@ def test_a_shell_script_calling_torchrun_names_rank_1s_overflow(tmp_path_factory
 
 
 def test_torchrun_a_nan_only_in_rank_1s_validation_stops_every_rank(tmp_path_factory):
+    """With --plot and --tensorboard: the one output pipeline renders, once, the history of the rank that made the
+    value (rank 1's, which its report holds): the table before the summary, the heat map, the events."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
     alone, _ = shared(tmp_path_factory, "launched-torchrun-plain", plain(*TORCHRUN, SCRIPT))
-    done, report = shared(tmp_path_factory, "launched-torchrun-eval", watched(*TORCHRUN, SCRIPT, "--bug", "eval"))
+    done, folder = once(tmp_path_factory, "launched-torchrun-eval", watched(
+        *TORCHRUN, SCRIPT, "--bug", "eval", flags=("--plot", "p.png", "--tensorboard", "tb")))
     assert done.returncode == 1, done.stderr
+    report = json.loads((folder / "run.json").read_text())
     assert first(report, EVAL) == EVAL
     assert "after step 2, eval batch 1, phase eval, rank 1" in summary(done)
     # rank 0's output up to the stop is the plain run's; no rank trained step 3's update
     assert alone.stdout.startswith(done.stdout) and done.stdout.count("\n") == 2
     assert {r["rank"]: r["ending"] for r in report["ranks"]} == {0: "trip", 1: "trip"}
+    assert done.stderr.count("=== HISTORY (per layer, ") == 1  # (step 3's record, opened when the stop came)
+    table = done.stderr[done.stderr.index("=== HISTORY"):done.stderr.index("=== SUMMARY")]
+    rows = [line.split() for line in table.splitlines()]
+    assert {row[0] for row in rows if len(row) > 2} >= {"embed", "attn.qk", "head"}  # (Net's layers)
+    total = next(row for row in rows if row[:3] == ["total", "gradient", "norm"])
+    assert total[3] == f"{report['history'][0]['grad_norm']:.3g}"  # (rank 1's history: the report's)
+    assert (folder / "p.png").read_bytes().startswith(b"\x89PNG") and f"heat map written to {folder / 'p.png'}" in \
+        done.stderr
+    assert len(list((folder / "tb").glob("events.out.tfevents.*"))) == 1 and "TensorBoard events written to" in \
+        done.stderr
 
 
 def test_a_rank_that_exits_while_the_other_trains_is_named_with_its_code(tmp_path_factory):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from debug_nan.app.command import Command
-from debug_nan.app.run_program import answer
+from debug_nan.app.run_program import _place_log, answer
 from debug_nan.app.run_watch import RunOptions
 from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.log import Log
@@ -88,3 +88,63 @@ def test_no_process_that_trained_is_bad_input_unless_the_command_failed_on_its_o
     with pytest.raises(CommandRaised, match="the command failed [(]exit 3[)] before any process") as failed:
         give([], 3, tmp_path)
     assert failed.value.exit_code == 3
+
+
+def test_a_node_without_rank_0_names_only_its_own_ranks_and_writes_beside_rank_0s_report(tmp_path):
+    """`srun debug-nan run -- torchrun --nnodes 2 ...`: node 1's command runs global rank 1 only (its torchrun's
+    RANK - LOCAL_RANK, LOCAL_WORLD_SIZE); rank 0 is on the other node, not a rank that left."""
+    clean = dict(result(1), node_ranks=[1])
+    stream = io.StringIO()
+    options = RunOptions(report=str(tmp_path / "run.json"), command=["torchrun", "train.py"])
+    code = answer([clean], 0, None, Command("program", "/bin/torchrun", ["torchrun"], ["torchrun"]), options,
+                  Log(None, stream=stream), 1.0)
+    report = json.loads((tmp_path / "run.rank1.json").read_text())
+    assert (code, report["status"], report["error"]) == (0, "clean", None) and not (tmp_path / "run.json").exists()
+    assert f"JSON report written to {tmp_path / 'run.rank1.json'}" in stream.getvalue()
+
+
+def test_the_history_of_the_rank_of_the_finding_is_the_answers_table(tmp_path):
+    """Each rank leaves its history (its report's) and its model's layout; the top prints the table of the rank
+    that made the value, as `debug-nan run` in one process does."""
+    steps = [{"step": s, "loss": 1.0, "grad_norm": g, "max_abs_activation": {"fc": a}, "grad_norms": {"fc.weight": g}}
+             for s, a, g in ((1, 2.0, 0.5), (2, float("nan"), float("nan")))]
+    made = result(1, "nonfinite", "trip", 2, dict(EVAL, module="fc"))
+    made["report"]["history"], made["layout"] = steps, [["", "Net", []], ["fc", "Linear", ["fc.weight"]]]
+    other = dict(result(0, "nonfinite", "trip", 2, dict(EVAL, module="fc", rank=1)), layout=[["", "Net", []]])
+    code, said, report = give([other, made], 1, tmp_path)
+    table = said[said.index("HISTORY (per layer, 2 step(s))"):said.index("=== SUMMARY ===")]
+    rows = [" ".join(line.split()) for line in table.splitlines()]
+    assert code == 1 and "fc (Linear) 2 nan ▅! 0.5 nan ▅!" in rows and "total gradient norm 0.5 nan ▅!" in rows
+    assert report["history"][1]["max_abs_activation"] == {"fc": "nan"}
+
+
+def test_a_rank_that_raised_systemexit_itself_is_named_with_its_launchers_code(tmp_path):
+    """`raise SystemExit(3)` (not sys.exit) leaves the rank's own code unseen: torchrun's word names it; without
+    one, the summary says what is known, not a code."""
+    unseen = dict(result(1, "clean", "ended", 2, code=0), code_seen=False)
+    stopped = result(0, "clean", "ended", 2, code=143)
+    stopped["report"]["interrupted"] = True
+    stream = io.StringIO()
+    options = RunOptions(report=str(tmp_path / "run.json"), command=["torchrun", "train.py"])
+    command = Command("program", "/bin/torchrun", ["torchrun"], ["torchrun"])
+    answer([stopped, unseen], 1, None, command, options, Log(None, stream=stream), 1.0, {1: 3, 0: -15})
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["error"] == ("Rank 1 left the run after 2 step(s) while the others trained: it exited with code "
+                               "3.")
+    (tmp_path / "alone").mkdir()
+    _, _, report = give([result(0, "clean", "ended", 4), dict(result(1, "clean", "ended", 2), code_seen=False)], 0,
+                        tmp_path / "alone")
+    assert report["error"].startswith("Rank 1 left the run after 2 step(s) while the others trained: its script "
+                                      "ended there (it returned, or raised SystemExit itself")
+
+
+def test_the_log_of_a_node_without_rank_0_goes_beside_rank_0s(tmp_path):
+    """Each node's debug-nan streams its --log copy under a name of its own process, then moves it to --log (the
+    node of global rank 0) or beside it (run.rank1.log): two nodes on one file system never share a file."""
+    options = RunOptions(log=str(tmp_path / "run.log"))
+    for ours in ([1], [0, 1]):
+        log = Log(str(tmp_path / f".copy{ours[0]}"), stream=io.StringIO())
+        log(f"[debug-nan] node of rank {ours[0]}")
+        _place_log(log, options, ours)
+    assert (tmp_path / "run.rank1.log").read_text() == "[debug-nan] node of rank 1\n"
+    assert (tmp_path / "run.log").read_text() == "[debug-nan] node of rank 0\n"

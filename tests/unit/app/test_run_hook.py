@@ -5,11 +5,13 @@ one is the e2e tests' and scripts/bench_startup.py's)."""
 
 import os
 import sys
+import threading
 import types
 
 import pytest
 
 from debug_nan.app.run_folder import RunFolder
+from debug_nan.app.run_hook import HookedWatch, _node_ranks
 from debug_nan.app.run_watch import RunOptions
 from debug_nan.process import startup_hook
 
@@ -65,3 +67,37 @@ def test_the_first_optimizer_attaches_the_watch_once(monkeypatch):
     assert Optimizer.__init__.__name__ == "first_optimizer" and not attached  # armed, nothing imported yet
     assert Optimizer([1]).params == [1] and Optimizer([2]).params == [2]
     assert attached == [1] and Optimizer.__init__.__name__ == "__init__"
+
+
+def test_sys_exit_gives_the_process_code_from_the_main_thread_only(tmp_path):
+    """The watch reads the code the process exits with from sys.exit (an atexit function cannot read it); a
+    thread's sys.exit ends that thread, not the process; a script that never calls it leaves the code unseen."""
+    watch = HookedWatch(RunOptions(), RunFolder(str(tmp_path / "run")).make())
+    assert watch.exit_code is None
+    ended = []
+
+    def in_a_thread():
+        try:
+            watch.exit(4)
+        except SystemExit as exc:
+            ended.append(exc.code)
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert ended == [4] and watch.exit_code is None
+    with pytest.raises(SystemExit) as raised:
+        watch.exit(3)
+    assert raised.value.code == 3 and watch.exit_code == 3
+    with pytest.raises(SystemExit):
+        watch.exit("bad config")  # (Python prints it and exits 1)
+    assert watch.exit_code == 1
+
+
+def test_the_nodes_ranks_are_torchruns_span(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _node_ranks() == [4, 5, 6, 7]
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert _node_ranks() is None  # (not torchrun: every rank of the world is this command's)

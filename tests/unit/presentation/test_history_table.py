@@ -1,12 +1,13 @@
 """The per-layer history table: one screen at any depth, unique names, sparklines on a stated scale, 100 columns.
 (In a real run's log: tests/e2e/cli/test_history_table.py.)"""
 
+import json
 import math
 
 from torch import nn
 
 from debug_nan.engine.watch.history import History
-from debug_nan.presentation.history_rows import build_rows, units
+from debug_nan.presentation.history_rows import Layout, build_rows, units
 from debug_nan.presentation.history_table import history_lines, short_labels, sparkline
 from tests.support.tasks import deep_stack
 
@@ -138,3 +139,13 @@ def test_a_deep_root_sequential_is_one_family():
     rows = build_rows(history, model)  # in model order: the range, then the 3 that grew most (7, then ties)
     assert [r.label for r in rows] == ["0..39 (Linear x 40)", "0 (Linear)", "1 (Linear)", "7 (Linear)"]
     assert rows[3].acts == [51.0, 101.0]
+
+
+def test_the_layout_read_back_from_json_gives_the_same_table_as_the_model():
+    """Another process's model (a rank of `debug-nan run -- PROGRAM`) reaches the top process as its Layout in JSON,
+    and its history as the report's: the table is the one the model itself gives, grouped blocks included."""
+    history, model = deep_history(4, grow_block=7)
+    layout = Layout(json.loads(json.dumps(Layout.of(model).modules)))
+    again = History.from_dict(json.loads(json.dumps(history.to_dict())))
+    assert history_lines(again, layout, finding_module="layers.9.mlp") == history_lines(
+        history, model, finding_module="layers.9.mlp")
