@@ -94,8 +94,21 @@ def _program(words: list[str]) -> Command | None:
     if first.endswith(".py") or _runnable_folder(first) or _entry_point(name) is not None and not os.path.isfile(first):
         return None
     if os.path.isfile(first):
-        return _as_program(words) if _shebang(first) and "python" not in _shebang(first) else None
+        shebang = _shebang(first)
+        if shebang:
+            return None if "python" in shebang else _as_program(words)
+        return _as_program(words) if _is_binary(first) else None  # (a text file without one: Python's to run)
     return _as_program(words)
+
+
+def _is_binary(path: str) -> bool:
+    """An executable file of machine code (ELF, Mach-O, ...: a null byte in its first 512 bytes), which Python
+    would refuse as a script: `debug-nan run -- /bin/true`, a compiled launcher given by its path."""
+    try:
+        with open(path, "rb") as handle:
+            return b"\0" in handle.read(512)
+    except OSError:
+        return False
 
 
 def _shebang(path: str) -> str:

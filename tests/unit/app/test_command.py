@@ -43,6 +43,10 @@ def test_a_program_that_is_not_python_run_here_is_a_program(tmp_path, monkeypatc
         resolve(["notes.sh"])
     (tmp_path / "job.py").write_text("#!/usr/bin/env python\n")  # a Python script: run here, as before
     assert resolve(["job.py"]).kind == "script"
+    true = shutil.which("true")  # a program of machine code given by its path (no shebang to read)
+    assert (resolve([true]).kind, resolve([true]).target) == ("program", os.path.abspath(true))
+    (tmp_path / "train").write_text("import torch\n")  # a text file without a shebang: a Python script, as Python
+    assert resolve(["./train"]).kind == "script"
 
 
 @pytest.mark.parametrize("words, message", [
