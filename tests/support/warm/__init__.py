@@ -5,7 +5,9 @@ once and forks a child per process (shim.py, an executable file in the session's
 a fresh `python ARGS` would: its own argv, folder, environment, streams, signals and exit code, torch's and
 numpy's seeds drawn anew. torchrun's ranks come from it too (PYTHON_EXEC, which torchrun reads).
 
-What it cannot serve as a fresh interpreter would, it refuses and the real Python runs: options other than -u,
+It serves only the watched side: the plain run a test compares with (the reference: tests/support/run/
+script_runs.py `alone`, side_by_side.py `plain`) always starts the real interpreter, so a comparison is never
+imitation against imitation. What it cannot serve as a fresh interpreter would, it refuses and the real Python runs: options other than -u,
 -B, -m and a script (`-c`, `-X`, `-W`...), an environment variable read at start (OMP_NUM_THREADS, LANG, TORCH_LOGS,
 ...) that differs from this process's, a folder on sys.path that holds another copy of a module already imported
 (a script's own `json.py`), descriptors passed on beyond 0-2. The tests of processes themselves (signals, hang-ups,
