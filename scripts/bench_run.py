@@ -4,18 +4,25 @@
                                 [--repeats 5] [--accumulate 1] [--threads 1] [--compile] [--json out.json]
     python scripts/bench_run.py --model gpt2 --device cuda     # a bench_models preset (its own batch and seq)
     python scripts/bench_run.py --model tiny --eval-batches 4   # + a validation pass after each step, timed apart
+    python scripts/bench_run.py --shapes 6x256x128x4,2x128x64x8 --eval-batches 4 --repeats 7
+                                # GPT-2-like models (blocks x d_model x seq x batch), side by side
 
 The user's script is this file with --as-user: a plain PyTorch loop over a BertForMaskedLM built from a config (no
-download), or over a scripts/bench_models.py preset (--model deep|gpt2|tiny: no transformers import), on --device,
-which times its own optimizer steps after --warmup (start-up and the first steps excluded; on CUDA the device is
-synchronised around each step) and prints the median ms per step (--compile: the model through torch.compile,
-compiled within the warmup). Each pair runs `python bench_run.py --as-user ...` and `python -m debug_nan run --
-python bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs, watched first in odd
-ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall and CPU time (CPU
-time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first 16 steps measure
-every module output, later ones on the CPU on a stride (debug_nan/engine/session/output_schedule.py).
+download), or over a scripts/bench_models.py preset (--model deep|gpt2|tiny: no transformers import), or over that
+file's nanoGPT-like TinyGPT at --layers blocks, d_model --hidden, --seq, --batch, --vocab (--model gpt), on
+--device, which times its own optimizer steps after --warmup (start-up and the first steps excluded; on CUDA the
+device is synchronised around each step) and prints the median ms per step (--compile: the model through
+torch.compile, compiled within the warmup). Each pair runs `python bench_run.py --as-user ...` and `python -m
+debug_nan run -- python bench_run.py --as-user ...` as fresh processes, alternately (plain first in even pairs,
+watched first in odd ones). Reported: the median ms per step of each, and the medians of the per-pair ratios of wall
+and CPU time (CPU time: steadier on a shared machine). The default --warmup 16 times the steady state: a run's first
+16 steps measure every module output, later ones on the CPU on a stride
+(debug_nan/engine/session/output_schedule.py).
 --eval-batches N: after each step the loop runs N forwards in eval() + no_grad (a validation pass: `run` checks each
 one's output, one host sync each) and their median ms per forward is reported beside the step's, with its ratio.
+--shapes LxDxSxB,...: --model gpt at each shape (blocks x d_model x seq x batch, heads of 64); every repeat runs one
+pair per shape, so a shared machine's load weighs on every shape's pairs alike; one table at the end, with the
+1-minute load average before each pair.
 """
 
 from __future__ import annotations
@@ -39,9 +46,11 @@ def user_model(a):
     torch.manual_seed(0)
     if a.model != "bert":
         sys.path.insert(0, str(REPO / "scripts"))
-        from bench_models import PRESETS, TinyGPT, lm_loss
+        from bench_models import PRESETS, LMShape, TinyGPT, lm_loss
 
-        shape = PRESETS[a.model]
+        shape = PRESETS[a.model] if a.model in PRESETS else \
+            LMShape(blocks=a.layers, d_model=a.hidden, heads=max(1, a.hidden // 64), seq=a.seq, batch=a.batch,
+                    vocab=a.vocab)
         model = TinyGPT(shape).to(a.device)
 
         def preset_loss(g):
@@ -51,12 +60,12 @@ def user_model(a):
         return model, preset_loss
     from transformers import BertConfig, BertForMaskedLM
 
-    model = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=a.hidden, num_hidden_layers=a.layers,
+    model = BertForMaskedLM(BertConfig(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
                                        num_attention_heads=max(1, a.hidden // 32), intermediate_size=4 * a.hidden,
                                        max_position_embeddings=a.seq)).to(a.device)
 
     def bert_loss(g):
-        ids = torch.randint(5, 1000, (a.batch, a.seq), generator=g)
+        ids = torch.randint(5, a.vocab, (a.batch, a.seq), generator=g)
         labels = torch.where(torch.rand(a.batch, a.seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
         return model(input_ids=ids.to(a.device), labels=labels.to(a.device)).loss
 
@@ -115,11 +124,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--as-user", action="store_true", help=argparse.SUPPRESS)
     for name, default in (("hidden", 128), ("layers", 4), ("seq", 128), ("batch", 8), ("steps", 30),
-                          ("warmup", 16), ("accumulate", 1), ("threads", 1)):
+                          ("warmup", 16), ("accumulate", 1), ("threads", 1), ("vocab", 1000)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--eval-batches", type=int, default=0, help="forwards in eval() + no_grad after each step")
-    p.add_argument("--model", choices=("bert", "deep", "gpt2", "tiny"), default="bert",
-                   help="BertForMaskedLM at --hidden/--layers/--seq/--batch, or a bench_models preset")
+    p.add_argument("--model", choices=("bert", "gpt", "deep", "gpt2", "tiny"), default="bert",
+                   help="BertForMaskedLM or TinyGPT (gpt) at --hidden/--layers/--seq/--batch, or a bench_models preset")
+    p.add_argument("--shapes", default=None, help="TinyGPT shapes LxDxSxB (blocks x d_model x seq x batch), "
+                   "comma-separated: each benchmarked as --model gpt, its pairs interleaved with the others'")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N [default: cpu]")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action="store_true")
@@ -127,33 +138,60 @@ def main() -> None:
     a = p.parse_args()
     if a.as_user:
         return as_user(a)
-    a.user_args = [f"--{k}={getattr(a, k)}" for k in ("model", "device", "hidden", "layers", "seq", "batch", "steps",
-                                                      "warmup", "accumulate", "threads")] + \
-        [f"--eval-batches={a.eval_batches}"] + ["--compile"] * a.compile
-    plain, watched, ratios, cpu_ratios, eval_ratios = [], [], [], [], []
+    if a.shapes:
+        cases = []
+        for shape in a.shapes.split(","):
+            layers, hidden, seq, batch = (int(v) for v in shape.split("x"))
+            cases.append((shape, argparse.Namespace(**{**vars(a), "model": "gpt", "layers": layers, "hidden": hidden,
+                                                        "seq": seq, "batch": batch})))
+    else:
+        cases = [(a.model, a)]
+    for _, case in cases:
+        case.user_args = [f"--{k}={getattr(case, k)}" for k in (
+            "model", "device", "hidden", "layers", "seq", "batch", "vocab", "steps", "warmup", "accumulate",
+            "threads")] + [f"--eval-batches={a.eval_batches}"] + ["--compile"] * a.compile
+    pairs = {name: [] for name, _ in cases}  # name -> [(load average, {watched: (wall, cpu, eval)})]
     for r in range(a.repeats):
-        pair = {}
-        for mode in ((False, True) if r % 2 == 0 else (True, False)):
-            pair[mode] = measure(a, mode)
-        plain.append(pair[False][0])
-        watched.append(pair[True][0])
-        ratios.append(pair[True][0] / pair[False][0])
-        cpu_ratios.append(pair[True][1] / pair[False][1])
-        if a.eval_batches:
-            eval_ratios.append(pair[True][2] / pair[False][2])
-        evaluated = (f"; eval forward plain {pair[False][2]:.2f} ms, run {pair[True][2]:.2f} ms, ratio "
-                     f"{eval_ratios[-1]:.3f}" if a.eval_batches else "")
-        print(f"pair {r + 1}: plain {pair[False][0]:.1f} ms/step, run {pair[True][0]:.1f} ms/step, ratio "
-              f"{ratios[-1]:.3f} wall / {cpu_ratios[-1]:.3f} CPU time{evaluated}", flush=True)
-    result = {"plain_ms": statistics.median(plain), "run_ms": statistics.median(watched),
-              "ratio": statistics.median(ratios), "cpu_ratio": statistics.median(cpu_ratios), "pairs": ratios,
-              "cpu_pairs": cpu_ratios, "settings": a.user_args, "load": os.getloadavg()[0],
-              "eval_ratio": statistics.median(eval_ratios) if eval_ratios else None}
-    print(f"median: plain {result['plain_ms']:.1f} ms/step, debug-nan run {result['run_ms']:.1f} ms/step, "
-          f"median ratio {result['ratio']:.3f} wall / {result['cpu_ratio']:.3f} CPU time (load average "
-          f"{result['load']:.1f})" + (f"; eval forward median ratio {result['eval_ratio']:.3f}" if eval_ratios else ""))
+        for name, case in cases:
+            load, pair = os.getloadavg()[0], {}
+            for mode in ((False, True) if r % 2 == 0 else (True, False)):
+                pair[mode] = measure(case, mode)
+            pairs[name].append((load, pair))
+            evaluated = (f"; eval forward plain {pair[False][2]:.2f} ms, run {pair[True][2]:.2f} ms, ratio "
+                         f"{pair[True][2] / pair[False][2]:.3f}" if a.eval_batches else "")
+            print(f"{name} pair {r + 1} (load {load:.1f}): plain {pair[False][0]:.1f} ms/step, run "
+                  f"{pair[True][0]:.1f} ms/step, ratio {pair[True][0] / pair[False][0]:.3f} wall / "
+                  f"{pair[True][1] / pair[False][1]:.3f} CPU time{evaluated}", flush=True)
+    results = {name: summary(runs, case.user_args) for (name, case), runs in zip(cases, pairs.values())}
+    print("\nmedians of the pairs (steady state: after the first --warmup steps)")
+    print(f"{'model':>14} | {'plain step':>10} | {'run step':>8} | {'ratio':>5} | {'CPU':>5} | {'plain eval':>10} | "
+          f"{'run eval':>8} | {'ratio':>5} | load")
+    for name, res in results.items():
+        ev = (f"{res['plain_eval_ms']:>7.2f} ms | {res['run_eval_ms']:>5.2f} ms | {res['eval_ratio']:.3f}"
+              if res["eval_ratio"] is not None else f"{'-':>10} | {'-':>8} | {'-':>5}")
+        print(f"{name:>14} | {res['plain_ms']:>7.1f} ms | {res['run_ms']:>5.1f} ms | {res['ratio']:.3f} | "
+              f"{res['cpu_ratio']:.3f} | {ev} | {res['load_min']:.1f}-{res['load_max']:.1f}")
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1))
+        Path(a.json).write_text(json.dumps(results if a.shapes else results[a.model], indent=1))
+
+
+def summary(runs: list, settings: list[str]) -> dict:
+    """The medians of one model's pairs: ms per step and per eval forward, and the per-pair ratios'."""
+    def median(f):
+        values = [f(pair) for _, pair in runs]
+        return statistics.median(values) if values else None
+
+    evaluated = all(pair[False][2] for _, pair in runs)
+    ratios = [pair[True][0] / pair[False][0] for _, pair in runs]
+    return {"plain_ms": median(lambda p: p[False][0]), "run_ms": median(lambda p: p[True][0]),
+            "ratio": statistics.median(ratios), "cpu_ratio": median(lambda p: p[True][1] / p[False][1]),
+            "pairs": ratios, "cpu_pairs": [pair[True][1] / pair[False][1] for _, pair in runs],
+            "plain_eval_ms": median(lambda p: p[False][2]) if evaluated else None,
+            "run_eval_ms": median(lambda p: p[True][2]) if evaluated else None,
+            "eval_ratio": median(lambda p: p[True][2] / p[False][2]) if evaluated else None,
+            "eval_pairs": [pair[True][2] / pair[False][2] for _, pair in runs] if evaluated else [],
+            "settings": settings, "load": [load for load, _ in runs],
+            "load_min": min(load for load, _ in runs), "load_max": max(load for load, _ in runs)}
 
 
 if __name__ == "__main__":
