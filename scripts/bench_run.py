@@ -22,7 +22,8 @@ and CPU time (CPU time: steadier on a shared machine). The default --warmup 16 t
 one's output, one host sync each) and their median ms per forward is reported beside the step's, with its ratio.
 --shapes LxDxSxB,...: --model gpt at each shape (blocks x d_model x seq x batch, heads of 64); every repeat runs one
 pair per shape, so a shared machine's load weighs on every shape's pairs alike; one table at the end, with the
-1-minute load average before each pair.
+1-minute load average before each pair. --split: instead of pairs, one watched run per model that prints the CPU
+time of the watch's parts per steady step (Split).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def as_user(a) -> None:
 
     torch.set_num_threads(a.threads)
     model, next_loss = user_model(a)
+    steady = [False]
+    split = Split(steady) if a.split and "debug_nan.drivers.run.hooks" in sys.modules else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if a.compile:
         model = torch.compile(model)
@@ -84,6 +87,7 @@ def as_user(a) -> None:
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     times, cpu, evals = [], [], []
     for step in range(a.warmup + a.steps):
+        steady[0] = step >= a.warmup
         if a.eval_batches:  # a validation pass, timed apart from the step
             model.eval()
             with torch.no_grad():
@@ -108,15 +112,81 @@ def as_user(a) -> None:
             cpu.append(time.process_time() - start_cpu)
     print(f"ms_per_step {1000 * statistics.median(times):.3f} {1000 * statistics.median(cpu):.3f} "
           f"{1000 * statistics.median(evals) if evals else 0.0:.3f}")
+    if split is not None:
+        split.show(a.steps, 1000 * statistics.median(cpu))
+
+
+class Split:
+    """--split, inside the watched run: the CPU time of the watch's parts in the steady steps, per step. Each part
+    is a method of debug-nan's wrapped with a timer (the parts do not overlap; `listener` is every hook event the
+    watch handles, the parts above included)."""
+
+    PARTS = (("state check (parameters + optimizer state)", "debug_nan.engine.watch.watch", "Watch", "watch_params"),
+             ("gradient norms", "debug_nan.engine.watch.watch", "Watch", "watch_grads"),
+             ("the one sync + its reading", "debug_nan.engine.watch.watch", "Watch", "sync"),
+             ("module outputs (aminmax, on a stride)", "debug_nan.engine.watch.watch", "Watch", "_on_output"),
+             ("state copy (every few steps)", "debug_nan.engine.session.copies", "StateCopies", "_copy"),
+             ("batch and RNG capture", "debug_nan.engine.session.session", "StepSession", "begin_micro"),
+             ("eval forwards: arguments + RNG", "debug_nan.drivers.eval_forwards", "EvalForwards", "begin"),
+             ("eval forwards: the output's check", "debug_nan.drivers.eval_forwards", "EvalForwards", "end"),
+             ("listener", "debug_nan.app.run_watch", "Watch", ("micro_begin", "backward_begin", "backward_end",
+                                                                "step_begin", "step_end", "eval_begin", "eval_end")))
+
+    def __init__(self, steady: list):
+        import importlib
+
+        self.steady, self.seconds, self.calls = steady, {}, {}
+        for label, module, owner, names in self.PARTS:
+            cls = getattr(importlib.import_module(module), owner)
+            for name in (names,) if isinstance(names, str) else names:
+                setattr(cls, name, self._timed(label, getattr(cls, name)))
+        recorder = importlib.import_module("debug_nan.drivers.run.recorder").Recorder
+        call = recorder.__torch_function__
+
+        def counted(mode, *args, **kwargs):  # (each call through the recorder: ~3.6 us of dispatch on top)
+            if self.steady[0]:
+                self.calls["recorder"] = self.calls.get("recorder", 0) + 1
+            return call(mode, *args, **kwargs)
+
+        recorder.__torch_function__ = counted
+
+    def _timed(self, label: str, method):
+        def timed(*args, **kwargs):
+            if not self.steady[0]:
+                return method(*args, **kwargs)
+            start = time.process_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.process_time() - start
+                self.calls[label] = self.calls.get(label, 0) + 1
+        return timed
+
+    def show(self, steps: int, plain_step_ms: float) -> None:
+        print(f"split of the watch, CPU ms per steady step (the watched step: {plain_step_ms:.1f} ms CPU in all):")
+        parts = 0.0
+        for label, *_ in self.PARTS:
+            ms = 1000 * self.seconds.get(label, 0.0) / steps
+            parts += ms if label not in ("listener", "module outputs (aminmax, on a stride)") else 0.0
+            print(f"  {ms:8.2f} ms  {self.calls.get(label, 0) / steps:6.1f} calls  {label}")
+        listener = 1000 * self.seconds.get("listener", 0.0) / steps
+        print(f"  {listener - parts:8.2f} ms          the listener's other bookkeeping (history, decisions, tapes)")
+        print(f"  {self.calls.get('recorder', 0) / steps:8.1f} calls through the recorder per step (the script's "
+              f"torch calls while a tape is open)")
+
+
+def run_once(a, watched: bool, extra: tuple = ()) -> str:
+    """The user script's stdout, from its line `ms_per_step ...` on."""
+    user = [sys.executable, str(Path(__file__).resolve()), "--as-user", *a.user_args, *extra]
+    command = [sys.executable, "-m", "debug_nan", "run", "--", *user] if watched else user
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    return "ms_per_step" + done.stdout.split("ms_per_step", 1)[1]
 
 
 def measure(a, watched: bool) -> tuple[float, float, float]:
     """(wall ms per step, CPU ms per step, wall ms per eval forward) of one run."""
-    user = [sys.executable, str(Path(__file__).resolve()), "--as-user", *a.user_args]
-    command = [sys.executable, "-m", "debug_nan", "run", "--", *user] if watched else user
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    wall, cpu, evaluation = done.stdout.split("ms_per_step")[1].split()
+    wall, cpu, evaluation = run_once(a, watched).split("\n", 1)[0].split()[1:]
     return float(wall), float(cpu), float(evaluation)
 
 
@@ -134,6 +204,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N [default: cpu]")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--split", action="store_true", help="one watched run that prints the CPU time of the watch's "
+                   "parts per steady step (no pairs)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.as_user:
@@ -150,6 +222,11 @@ def main() -> None:
         case.user_args = [f"--{k}={getattr(case, k)}" for k in (
             "model", "device", "hidden", "layers", "seq", "batch", "vocab", "steps", "warmup", "accumulate",
             "threads")] + [f"--eval-batches={a.eval_batches}"] + ["--compile"] * a.compile
+    if a.split:
+        for name, case in cases:
+            print(f"{name}, load average {os.getloadavg()[0]:.1f}: " + run_once(case, True, ["--split"]).split(
+                "\n", 1)[1], flush=True)
+        return
     pairs = {name: [] for name, _ in cases}  # name -> [(load average, {watched: (wall, cpu, eval)})]
     for r in range(a.repeats):
         for name, case in cases:
