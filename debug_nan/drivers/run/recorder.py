@@ -89,6 +89,7 @@ class Recorder(TorchFunctionMode):
 
     def install(self) -> None:
         self.installed = True
+        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
         if self._tape is not None:
             self._push()
 
@@ -106,27 +107,34 @@ class Recorder(TorchFunctionMode):
         for mode in reversed(above):
             torch._C._push_on_torch_function_stack(mode)
         self._here.pushed = True
-        functions.install(self)  # (custom autograd Functions, which this mode does not see: one entry each)
 
     def _pop(self) -> None:
         torch._C._pop_torch_function_stack()
         self._here.pushed = False
-        functions.uninstall(self)
 
     def _on_top(self) -> bool:
         n = torch._C._len_torch_function_stack()
         return n > 0 and torch._C._get_function_stack_at(n - 1) is self
 
     def suspend(self) -> None:
-        """Off the stack (entering the model's forward or the optimizer step); nested calls count."""
+        """Off the stack and custom Functions' `apply` unwrapped (entering the model's forward or the optimizer
+        step); nested calls count. Left as it is where torch holds the recorder aside while it dispatches a call
+        (a `backward()`) or a mode of the script's is above it."""
         here = self._here
         here.suspended = getattr(here, "suspended", 0) + 1
-        if here.suspended == 1 and getattr(here, "pushed", False) and self._on_top():
-            self._pop()
+        pushed = getattr(here, "pushed", False)
+        if here.suspended == 1 and (not pushed or self._on_top()):
+            if pushed:
+                self._pop()
+            functions.uninstall(self)
 
     def resume(self) -> None:
-        """Back on the stack when the last suspend ends and a tape is open."""
+        """When the last suspend ends: custom Functions' `apply` wrapped again (whether a tape is open or not: the
+        script may look `MyFunction.apply` up before the model call that opens one), the recorder back on the
+        stack if a tape is open."""
         here = self._here
         here.suspended = max(0, getattr(here, "suspended", 0) - 1)
-        if here.suspended == 0 and not getattr(here, "pushed", False) and self.installed and self._tape is not None:
-            self._push()
+        if here.suspended == 0 and not getattr(here, "pushed", False) and self.installed:
+            functions.install(self)
+            if self._tape is not None:
+                self._push()

@@ -4,6 +4,7 @@ below the script's own modes."""
 import torch
 from torch.overrides import TorchFunctionMode
 
+from debug_nan.drivers.run import functions
 from debug_nan.drivers.run.tape import Tape
 
 
@@ -41,3 +42,12 @@ def test_a_tape_opened_inside_a_mode_of_the_script_leaves_that_mode_on_top(recor
     assert [e.func for e in tape.entries] == [torch.zeros, torch.add, torch.add]
     recorder.tape = None
     assert stack() == [] and out.tolist() == [2.0, 2.0]
+
+
+def test_custom_functions_stay_wrapped_while_no_tape_is_open_and_unwrapped_inside_the_model(recorder):
+    """A script looks `MyFunction.apply` up before the model call that opens the tape (`F.apply(model(x))`)."""
+    assert torch.autograd.Function.__dict__["apply"] is not functions._ORIGINAL and recorder not in stack()
+    recorder.suspend()  # (the model's forward: torch.compile traces the original apply there)
+    assert torch.autograd.Function.__dict__["apply"] is functions._ORIGINAL
+    recorder.resume()
+    assert torch.autograd.Function.__dict__["apply"] is not functions._ORIGINAL
