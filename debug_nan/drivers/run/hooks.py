@@ -112,8 +112,12 @@ class Hooks(WatchedOptimizer):
             hooks.schedulers.append(weakref.ref(scheduler))
 
         def autograd_backward(tensors, *args, **kwargs):
-            with calls_through:
-                return hooks.backward(backward, tensors, *args, **kwargs)
+            hooks.recorder.suspend()  # (the backward, and the watch's work at it, are no script code)
+            try:
+                with calls_through:
+                    return hooks.backward(backward, tensors, *args, **kwargs)
+            finally:
+                hooks.recorder.resume()  # (back on the stack with the update's tape)
 
         def scaler_scale(scaler, outputs):
             with calls_through:

@@ -68,9 +68,19 @@ def _in_order_map_style(it) -> bool:
 
 
 def _print(t: torch.Tensor) -> tuple:
-    """(shape, dtype, its first PRINT values as a CPU copy): enough to find the batch again, and no reference to
-    it (a kept image batch would hold its memory)."""
-    return t.shape, t.dtype, t.detach().reshape(-1)[:PRINT].to("cpu", copy=True)
+    """(shape, dtype, a copy of its first PRINT values): enough to find the batch again, and no reference to it (a
+    kept image batch would hold its memory)."""
+    return t.shape, t.dtype, _head(t)
+
+
+def _head(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t's first PRINT values, flat, on t's device: no host sync for a batch the loader yields on a GPU
+    (it is compared on the host only at a finding), and of a non-contiguous tensor only the leading rows that hold
+    them are made contiguous, not all of it."""
+    t = t.detach()
+    if t.dim() > 1 and not t.is_contiguous():
+        t = t[:-(-PRINT // max(1, t[0].numel()))]
+    return t.reshape(-1)[:PRINT].clone()
 
 
 def dataset_indices(batch) -> list[int] | None:
@@ -81,7 +91,7 @@ def dataset_indices(batch) -> list[int] | None:
         for t in wanted:
             for shape, dtype, head in prints:
                 if shape == t.shape and dtype == t.dtype and len(indices) == (t.shape[0] if t.dim() else 1) \
-                        and _same(head, t.detach().reshape(-1)[:PRINT].cpu()):
+                        and _same(head.cpu(), _head(t).cpu()):
                     return indices
     return None
 
