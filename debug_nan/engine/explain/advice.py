@@ -9,7 +9,11 @@ whether learning-rate advice belongs at all, is decided here from the run:
   * a micro-batch before any update of this run: the initialisation or the checkpoint loaded, the largest
     parameter named with its magnitude; no learning rate can be the cause, so no such advice;
   * later, an overflow or a non-finite parameter: the weights grew by the updates: the learning rate, warmup,
-    Adam's epsilon; clipping only where the run does not clip already (engine/watch/clipping.py).
+    Adam's epsilon; clipping only where the run does not clip already (engine/watch/clipping.py);
+  * an op no cause rule explains (`unknown`) whose finite inputs reach |x| >= 1e6 (GROWN: far beyond what a
+    network's activations are at initialisation): the same two branches, by the step, the inputs' size named (a
+    NaN from such inputs is float32's rounding, ~|x| * 6e-8 absolute, turned into Inf - Inf by an exponential:
+    nanoGPT's attention backward at lr 1e7 is one).
 Each line this module puts first ends with the evidence it follows from.
 """
 
@@ -31,6 +35,8 @@ from debug_nan.engine.watch.clipping import clipping_seen
 EXTREME = math.sqrt(torch.finfo(torch.float32).max)
 MASK_CAUSES = (Cause.ALL_MASKED_SOFTMAX, Cause.MASKED_VALUE_USED)
 GROWTH_CAUSES = (Cause.OVERFLOW, Cause.INF_ARITHMETIC, Cause.NONFINITE_PARAMETER, Cause.GRADIENT_EXPLOSION)
+# finite |x| past which an op's input is taken to have grown (activations of an initialised network are O(1)-O(1e3))
+GROWN = 1e6
 # advice that blames the updates: wrong before any update, and clipping wrong where the run clips already
 _LEARNING_RATE = ("learning rate", "warmup", "--max-grad-norm", "clip gradients")
 _CLIPPING = ("--max-grad-norm", "clip gradients", "clip_grad_norm_")
@@ -123,7 +129,12 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
     if cause == Cause.OVERFLOW and event is not None and low_dtype(event) == torch.float16 and suggestions:
         return [f"{suggestions[0]} (Follows from the op's dtype: float16, whose range ends at 65504.)",
                 *suggestions[1:]]
-    if ctx.updates == 0 and phase != Phase.OPTIMIZER and cause in GROWTH_CAUSES:
+    grown = _grown_input(event) if cause == Cause.UNKNOWN else None
+    if grown is None and cause not in GROWTH_CAUSES:
+        return suggestions
+    seen = "" if grown is None else (f"; the op's inputs reach |x| {grown[1]:.3g} (`{grown[0]}`), where float32 "
+                                     f"rounds by about {grown[1] * 6e-8:.2g}")
+    if ctx.updates == 0 and phase != Phase.OPTIMIZER:
         big = largest_parameter(model, event) if model is not None else None
         named = f": parameter `{big[0]}` holds |w| up to {big[1]:.3g}" if big is not None else ""
         source = (f"the checkpoint loaded ({ctx.checkpoint})" if ctx.checkpoint else
@@ -132,8 +143,8 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
                  f"cause: look at the initialisation (a custom init, a tensor scaled or left unfilled, to_empty "
                  f"without reset_parameters) or {source}.")
         rest = [s for s in suggestions if not _mentions(s, _LEARNING_RATE)]
-        return [f"{first} (Follows from the step: step {step}, before any optimizer update of this run.)"] + rest
-    if ctx.updates > 0 and cause in GROWTH_CAUSES:
+        return [f"{first} (Follows from the step: step {step}, before any optimizer update of this run{seen}.)"] + rest
+    if ctx.updates > 0:
         big = largest_parameter(model, event) if model is not None else None
         named = f" (`{big[0]}` holds |w| up to {big[1]:.3g})" if big is not None else ""
         if ctx.clipping:
@@ -147,8 +158,21 @@ def rank_advice(cause: str, phase: str, suggestions: list[str], ctx: AdviceConte
         first = (f"Lower the learning rate, or add warmup; with Adam, a larger eps bounds the step where the "
                  f"gradient's second moment is tiny{named}.{clip}")
         return [f"{first} (Follows from the step: step {step}, after {ctx.updates} update(s) of this run, "
-                f"so the weights the op read were grown by the updates.)"] + rest
+                f"so the weights the op read were grown by the updates{seen}.)"] + rest
     return suggestions
+
+
+def _grown_input(event) -> tuple[str, float] | None:
+    """(input name, largest finite |value|) of the op's floating inputs where it reaches GROWN, else None."""
+    best = None
+    for name, t in getattr(event, "inputs", None) or []:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
+            continue
+        with torch.no_grad():
+            value = float(torch.nan_to_num(t.detach().abs(), nan=0.0, posinf=0.0).max())
+        if value >= GROWN and (best is None or value > best[1]):
+            best = (name, value)
+    return best
 
 
 def _mentions(text: str, words) -> bool:

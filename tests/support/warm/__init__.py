@@ -7,16 +7,16 @@ numpy's seeds drawn anew. torchrun's ranks come from it too (PYTHON_EXEC, which 
 
 It serves only the watched side: the plain run a test compares with (the reference: tests/support/run/
 script_runs.py `alone`, side_by_side.py `plain`) always starts the real interpreter, so a comparison is never
-imitation against imitation. What it cannot serve as a fresh interpreter would, it refuses and the real Python runs: options other than -u,
--B, -m and a script (`-c`, `-X`, `-W`...), an environment variable read at start (OMP_NUM_THREADS, LANG, TORCH_LOGS,
-...) that differs from this process's, a folder on sys.path that holds another copy of a module already imported
-(a script's own `json.py`), descriptors passed on beyond 0-2. The tests of processes themselves (signals, hang-ups,
-the startup without torch, setup.sh) start the real Python; DEBUG_NAN_TEST_WARM=0 makes every process a real one.
-What still differs (none of it seen by a test here): the modules torch imports are there before the script imports
-them (with the warning filters and atexit functions they add), every child has this process's hash seed, its
-parent is the server, its stack is 5 frames deeper, and resource limits, CPU affinity and niceness are the server's.
-Under a plain `pytest` (no OMP_NUM_THREADS, which scripts/test.sh sets) torchrun's ranks (OMP_NUM_THREADS=1) run
-cold: slower, not different.
+imitation against imitation. What it cannot serve as a fresh interpreter would, it refuses and the real Python
+runs: options other than -u, -B, -m and a script (`-c`, `-X`, `-W`...), an environment variable read at start
+(OMP_NUM_THREADS, LANG, TORCH_LOGS, ...) that differs from this process's, a folder on sys.path that holds another
+copy of a module already imported (a script's own `json.py`), descriptors passed on beyond 0-2. The tests of
+processes themselves (signals, hang-ups, the startup without torch, setup.sh) start the real Python;
+DEBUG_NAN_TEST_WARM=0 makes every process a real one. What still differs (none of it seen by a test here): the
+modules torch imports are there before the script imports them (with the warning filters and atexit functions they
+add), every child has this process's hash seed, its parent is the server, its stack is 5 frames deeper, and
+resource limits, CPU affinity and niceness are the server's. Under a plain `pytest` (no OMP_NUM_THREADS, which
+scripts/test.sh sets) torchrun's ranks (OMP_NUM_THREADS=1) run cold: slower, not different.
 """
 
 from __future__ import annotations

@@ -70,3 +70,21 @@ def test_the_runs_clipping_is_seen_from_its_calls_or_the_drivers_setting():
     norm = clip_watching(torch.nn.utils.clip_grad_norm_, "max_norm")(layer.parameters(), 0.5)
     assert float(norm) > 0 and clipping_of(None) == "torch.nn.utils.clip_grad_norm_ (max_norm 0.5)"
     forget_clipping()
+
+
+def test_an_unknown_op_fed_grown_values_gets_the_growth_advice_by_the_step():
+    """nanoGPT at lr 1e7 (debug-nan run -- train.sh): one AdamW update later the attention backward makes NaN from
+    finite inputs of |x| ~3e11, which no cause rule names; the update that grew them is what to change."""
+    from types import SimpleNamespace
+    base = list(SUGGESTIONS[Cause.UNKNOWN])
+    grown = SimpleNamespace(inputs=[("grad_out", torch.full((2, 3), 1e-4)), ("value", torch.tensor([3.6e11, -1.0])),
+                                    ("query", torch.tensor([2.6e11, float("nan")]))])
+    after = rank_advice(Cause.UNKNOWN, "backward", list(base), AdviceContext(updates=1), event=grown, step=2)
+    assert after[0].startswith("Lower the learning rate, or add warmup")
+    assert after[0].endswith("after 1 update(s) of this run, so the weights the op read were grown by the updates; "
+                             "the op's inputs reach |x| 3.6e+11 (`value`), where float32 rounds by about 2.2e+04.)")
+    assert after[1:] == base
+    first = rank_advice(Cause.UNKNOWN, "forward", list(base), AdviceContext(updates=0), event=grown, step=1)
+    assert first[0].startswith("Check the weights as the run began") and "|x| 3.6e+11" in first[0]
+    small = SimpleNamespace(inputs=[("value", torch.tensor([9e5, 1.0]))])  # below GROWN: nothing to follow from
+    assert rank_advice(Cause.UNKNOWN, "backward", list(base), AdviceContext(updates=1), event=small) == base
