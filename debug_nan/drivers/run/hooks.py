@@ -28,12 +28,12 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of, redirected_forward
+from debug_nan.drivers.run.model_calls import batch_of, loss_of, redirected_forward
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
-from debug_nan.drivers.run.wrappers import step_location
+from debug_nan.drivers.wrappers import bare, step_location
 from debug_nan.engine.watch.clipping import clip_watching, forget_clipping
 from debug_nan.engine.watch.module_hooks import ModuleHook
 from debug_nan.engine.watch.sampled import forget_batches, sampling
@@ -46,15 +46,40 @@ OUTSIDE_TRAINING = "outside training"  # a model call's mark: a forward with gra
 
 
 class Listener(Protocol):
-    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
-    def micro_begin(self, batch, step: int, micro: int) -> None: ...
-    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None: ...
-    def backward_end(self, step: int, micro: int) -> None: ...
-    def step_begin(self, step: int, update: Tape | None) -> None: ...
-    def step_end(self, step: int, skipped: bool) -> None: ...
-    def training_ends(self) -> None: ...
-    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None: ...
-    def eval_end(self, output) -> None: ...
+    """Every event the hooks send (app/run_watch.py's Watch in a run), in the order a step meets them."""
+
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """The watched model and optimizer are known (the first training forward)."""
+
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """A newer optimizer of the same model steps instead of the watched one (a second training stage)."""
+
+    def micro_begin(self, batch, step: int, micro: int) -> None:
+        """A micro-batch's first forward: its model inputs."""
+
+    def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
+        """At a backward: the micro-batch's model calls (tape entries `calls`) whose `outputs` it does not take."""
+
+    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None:
+        """The micro-batch's backward begins, on `loss` (before a GradScaler's scale); `tape`: its code."""
+
+    def backward_end(self, step: int, micro: int) -> None:
+        """Its backward ended."""
+
+    def step_begin(self, step: int, update: Tape | None) -> None:
+        """The optimizer step begins; `update`: the code between the last backward and it."""
+
+    def step_end(self, step: int, skipped: bool) -> None:
+        """The step closed: the optimizer stepped, or a GradScaler skipped it (`skipped`)."""
+
+    def training_ends(self) -> None:
+        """The script destroys its process group: the last update is checked while the ranks can agree."""
+
+    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None:
+        """A forward of the model with gradients off outside a micro-batch (validation, generation) begins."""
+
+    def eval_end(self, output) -> None:
+        """... and ended, with its output."""
 
 
 class Hooks(WatchedOptimizer):

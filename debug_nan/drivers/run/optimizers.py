@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
-from debug_nan.drivers.run.model_calls import bare, leaves_reached, optimizer_params, owners
+from debug_nan.drivers.run.model_calls import leaves_reached, optimizer_params, owners
 from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped
-from debug_nan.drivers.run.wrappers import wraps
+from debug_nan.drivers.wrappers import bare, wraps
 from debug_nan.engine.watch.module_hooks import keep_out_of_copies
 from debug_nan.errors import InputError
 

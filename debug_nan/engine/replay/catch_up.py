@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from debug_nan.engine.replay.driver import NotReplayable, StepDriver, StepInputs, optimizer_step, replay_loss
+from debug_nan.engine.replay.driver import NotReplayable, StepDriver, StepInputs
 from debug_nan.engine.replay.snapshot import put_groups, restore_rng
 from debug_nan.engine.stats import move_to
 
@@ -52,12 +52,12 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | 
                 _apply(inputs.hyper, d.optimizer, scheduler)
                 for i, batch in enumerate(inputs.batches):
                     restore_rng(inputs.rng[i], d.device)
-                    loss, _ = replay_loss(d, move_to(batch, d.device, copy=True), inputs.tape(i))
+                    loss, _ = d.replay_loss(move_to(batch, d.device, copy=True), inputs.tape(i))
                     d.backward(loss)
                 d.average_gradients()
                 if inputs.step_groups is not None:
                     put_groups(d.optimizer, inputs.step_groups)
-                optimizer_step(d, inputs.update)
+                d.optimizer_step(inputs.update)
                 if d.optimizer is not None:
                     d.optimizer.zero_grad(set_to_none=True)
         except NotReplayable as why:

@@ -141,3 +141,20 @@ def test_a_replacing_optimizer_is_followed_and_two_that_both_step_are_refused(ho
     with pytest.raises(RunStopped):
         first.step()
     assert "the script steps an optimizer debug-nan run does not watch (SGD) beside the Adam" in str(h.failure)
+
+
+def test_the_listener_protocol_declares_every_event_the_hooks_send_and_the_watch_takes_them_all():
+    import inspect
+    import re
+
+    from debug_nan.app.run_watch import Watch
+    from debug_nan.drivers.run import hooks as hooks_module
+    from debug_nan.drivers.run import optimizers
+    from debug_nan.drivers.run.hooks import Listener
+
+    sent = set(re.findall(r"listener\.(\w+)\(", inspect.getsource(hooks_module) + inspect.getsource(optimizers)))
+    declared = {name for name, value in vars(Listener).items() if callable(value) and not name.startswith("_")}
+    assert "follow" in sent and "forwards_given_up" in sent
+    assert sent == declared
+    for listener in (Watch, Recorder):
+        assert all(callable(getattr(listener, name, None)) for name in declared), listener
