@@ -45,7 +45,7 @@ def _in_child() -> None:
         return
     watch = _current.pop()
     hooks = watch.hooks
-    began = hooks.root is not None or bool(hooks.other_optimizers) or watch.driver is not None
+    began = hooks.state.root is not None or bool(hooks.state.other_optimizers) or watch.driver is not None
     hooks.uninstall()
     watch.ended = True  # (the parent's: its atexit, excepthook and results are not this process's)
     attached.clear()

@@ -118,7 +118,8 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
                          f"gradients enabled.")
     if interrupted is not None:
         _keep_interrupted_finding(m, interrupted)
-    if error is not None and not m.stopped and hooks.open and raised_by_us(error) is None:  # (debug-nan's own: no trip)
+    # (an error of debug-nan's own is no trip)
+    if error is not None and not m.stopped and hooks.state.open and raised_by_us(error) is None:
         try:
             m.raised(error)  # the micro-batch it raised in, replayed in place
         except KeyboardInterrupt as exc:
@@ -181,10 +182,10 @@ def result_of(watch: Watch, ending: Ending, code: int, error: str | None = None)
 
 def _last_checks(m: RunDriver, hooks: Hooks, code: int) -> None:
     """The command ended on its own: a micro-batch it gave up in, its last update, then the final check."""
-    if hooks.open:
+    if hooks.state.open:
         m.abandoned(code)
     try:
-        if hooks.manual and hooks.backward_since_open and not m.stopped:
+        if hooks.state.manual and hooks.state.backward_since_open and not m.stopped:
             hooks.close_manual_step()  # the last hand-written update
         if not m.stopped:
             hooks.flush_step()  # (several optimizers: their last step)

@@ -190,7 +190,7 @@ class Watch:
             self.driver.micro_begin(batch, step)
 
     def backward_begin(self, loss, step: int, micro: int, tape) -> None:
-        self.driver.adopt_scaler(self.hooks.scaler)
+        self.driver.adopt_scaler(self.hooks.state.scaler)
         self.driver.backward_begin(loss, tape)
 
     def backward_end(self, step: int, micro: int) -> None:

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from debug_nan.drivers.run.model_calls import bare, batch_of
+from debug_nan.drivers.run.model_calls import batch_of
 from debug_nan.drivers.run.tape import batch_form, call_arguments
+from debug_nan.drivers.wrappers import bare
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.snapshot import capture_rng
 from debug_nan.engine.stats import capture_batch

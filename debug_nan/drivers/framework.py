@@ -5,9 +5,10 @@
     stepped()             after the optimizer step: the parameters are checked at the next sync
     finish()              after training: the last parameter check
 
-A framework adapter subclasses FrameworkDriver and implements the StepDriver methods for ITS step, for the
-replay: replay_loss(batch) (the framework's own loss code for one micro-batch, on the bare module), backward(loss,
-scaled) (its accumulation scaling and loss scaler) and optimizer_step() (unscale, its clipping, the optimizer).
+A framework adapter subclasses FrameworkDriver (a SessionDriver, drivers/session_driver.py: the session built
+once, "loss, scale, backward" and "unscale, clip, step" written once) and gives ITS step for the replay:
+replay_loss(batch, tape) (the framework's own loss code for one micro-batch, on the bare module), and where the
+framework differs, share_of_step / run_backward (its accumulation scaling, its backward call) and clip_gradients.
 The protocol itself (watch, snapshot, fp16 probe, DDP agreement, explosion check, replay, bundle) is the session's,
 the same as the CLI's and the Monitor's.
 
@@ -20,39 +21,32 @@ from __future__ import annotations
 
 import torch
 
+from debug_nan.drivers.session_driver import SessionDriver
 from debug_nan.drivers.task import split_loss
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.session.agreement import FoundElsewhere, RankAgreement, RunAborted
-from debug_nan.engine.session.distributed import average_gradients
-from debug_nan.engine.session.policies import SessionPolicies
-from debug_nan.engine.session.session import StepSession
 from debug_nan.presentation.bundle import write_bundle
 from debug_nan.settings import RunSettings
 
 
-class FrameworkDriver:
+class FrameworkDriver(SessionDriver):
     framework = "framework"
-    dialect = "api"  # the advice's words: a framework's user sets arguments, not debug-nan flags
-    session_class = StepSession  # `debug-nan run` swaps in its own (its history)
-    first_step, checkpoint = 0, None  # (StepDriver) the framework loaded whatever state the run starts from
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings, log,
                  scaler=None, dist_ctx=None, bundle_dir: str | None = None, scheduler=None):
         self.model, self.optimizer, self.log = model, optimizer, log
         self.device = next(model.parameters()).device
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.s, self.dist = settings, dist_ctx
         self.accumulation_steps = settings.accumulation_steps
         self.bundle_dir = bundle_dir
-        sink = self.write_bundle if bundle_dir is not None else None
-        self.session = self.session_class(self, SessionPolicies.from_settings(
-            settings.watch, self.dialect, scaler=self.scaler,
+        self.open_session(
+            settings.watch, scaler=scaler,
             agreement=RankAgreement(dist_ctx, self.device, log) if dist_ctx else None,
             # the framework's backward on the other ranks may already be inside a gradient all-reduce: an
             # exception is decided by the rank that raised, alone
-            agree_on_errors=False, bundle_sink=sink, scheduler=scheduler))
-        self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
+            agree_on_errors=False, bundle_sink=self.write_bundle if bundle_dir is not None else None,
+            scheduler=scheduler)
         self.watch.enabled = False  # on only inside a training micro-batch
         self.findings: list[Finding] = []
         self.notes: list[str] = []
@@ -64,10 +58,6 @@ class FrameworkDriver:
         return str(write_bundle(self.bundle_dir, state))
 
     @property
-    def history(self):
-        return self.session.history
-
-    @property
     def stopped(self) -> bool:
         return self.session.stopped
 
@@ -76,14 +66,6 @@ class FrameworkDriver:
         self.session.stopped = value
         if value:
             self.watch.enabled = False
-
-    # -- StepDriver methods the framework adapter implements (replay_loss, backward, optimizer_step) -----------
-    def average_gradients(self) -> None:
-        if self.dist is not None:
-            average_gradients(self.watch.named_params, self.dist)
-
-    def watch_paused(self):
-        return self.watch.paused()
 
     # -- the micro-batch ---------------------------------------------------------------------------------------
     def begin(self, batch, first: bool, step: int | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from debug_nan.engine.session.outcome import RunResult
@@ -109,11 +110,53 @@ class Outputs:
         return result
 
 
-class CallbackOutcome:
-    """What a framework callback answers after training: `.finding` (the first Finding or None) and `.status`
-    ("clean" | "nonfinite" | "error"), from its `driver` and `outputs`."""
+@dataclass
+class CallbackOptions:
+    """The options of both framework callbacks (Lightning's and HF's DebugNaNCallback), as they were given.
 
-    outputs: Outputs
+    report: JSON report path (the CLI's --report format, plus an "integration" block). bundle_dir: where repro
+    bundles go (default: beside the report; none without a report); bundle=False writes none. log: a copy of the
+    log lines. on_trip: "stop" (the framework's own stop; the model is left at its last finite state) or "raise"
+    (debug_nan.NonFiniteError out of the fit / train call). task: a `--task` spec that rebuilds the model, its loss
+    and optimizer, recorded in bundles so that `debug-nan replay BUNDLE` works. explosion_threshold /
+    explosion_growth: the gradient explosion check's, as the CLI's. snapshot_every: copy the state every N steps
+    (None: engine/session/copies.py chooses); outputs_every: measure module outputs every N steps (None:
+    engine/session/output_schedule.py chooses)."""
+
+    report: str | None = None
+    bundle_dir: str | None = None
+    bundle: bool = True
+    log: str | None = None
+    on_trip: str = "stop"
+    task: str | None = None
+    explosion_threshold: float = 1e4
+    explosion_growth: float = 1e3
+    snapshot_every: int | None = None
+    outputs_every: int | None = None
+
+    def settings(self, outputs: Outputs, **recipe) -> RunSettings:
+        """These options with what the callback reads from its framework (`recipe`: run_settings' device,
+        optimizer, accumulation, precision, max_grad_norm, max_steps, seed)."""
+        return run_settings(outputs, task=self.task, explosion_threshold=self.explosion_threshold,
+                            explosion_growth=self.explosion_growth, snapshot_every=self.snapshot_every,
+                            outputs_every=self.outputs_every, **recipe)
+
+
+class FrameworkCallback:
+    """What both framework callbacks share: their options (checked as the callback is built: a report path that
+    cannot be written fails before any training time is spent), their outputs, and what they answer after
+    training: `.finding` (the first Finding or None) and `.status` ("clean" | "nonfinite" | "error"), from their
+    `driver` (a FrameworkDriver, built when training starts) and `outputs`."""
+
+    def __init__(self, report: str | None = None, bundle_dir: str | None = None, *, bundle: bool = True,
+                 log: str | None = None, on_trip: str = "stop", task: str | None = None,
+                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None,
+                 outputs_every: int | None = None):
+        self.options = CallbackOptions(report, bundle_dir, bundle, log, on_trip, task, explosion_threshold,
+                                       explosion_growth, snapshot_every, outputs_every)
+        self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
+        self.driver = None
+        self.outside = None  # the model's forwards outside training (drivers/eval_forwards.py), while it trains
 
     @property
     def finding(self):

@@ -33,10 +33,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from debug_nan.drivers import ddp
 from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining
 from debug_nan.drivers.framework import FrameworkDriver
-from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
+from debug_nan.drivers.framework_outputs import FrameworkCallback
 from debug_nan.drivers.monitor import NonFiniteError
 from debug_nan.drivers.task import split_loss
-from debug_nan.engine.session.precision import scaled_step
+from debug_nan.drivers.wrappers import inner
 from debug_nan.errors import InputError
 
 
@@ -46,14 +46,10 @@ class HFDriver(FrameworkDriver):
 
     def __init__(self, trainer, settings, log, bundle_dir):
         self.trainer = trainer
-        optimizer = trainer.optimizer
-        while hasattr(optimizer, "optimizer"):  # accelerate's AcceleratedOptimizer -> the torch optimizer
-            optimizer = optimizer.optimizer
-        scheduler = getattr(trainer, "lr_scheduler", None)
-        while hasattr(scheduler, "scheduler"):  # accelerate's AcceleratedScheduler -> the torch scheduler
-            scheduler = scheduler.scheduler
-        super().__init__(trainer.model, optimizer, settings, log, scaler=trainer.accelerator.scaler,
-                         dist_ctx=ddp.context(), bundle_dir=bundle_dir, scheduler=scheduler)
+        # accelerate's AcceleratedOptimizer and AcceleratedScheduler -> the torch optimizer and scheduler
+        super().__init__(trainer.model, inner(trainer.optimizer), settings, log, scaler=trainer.accelerator.scaler,
+                         dist_ctx=ddp.context(), bundle_dir=bundle_dir,
+                         scheduler=inner(getattr(trainer, "lr_scheduler", None), "scheduler"))
         self.num_items = None  # this optimizer step's num_items_in_batch (the loss normaliser), as the run had it
         self.step_micro_batches = trainer.args.gradient_accumulation_steps
 
@@ -72,7 +68,7 @@ class HFDriver(FrameworkDriver):
             getattr(t, "compute_loss_func", None) is not None
 
     # -- the StepDriver methods: the Trainer's step, for the replay -------------------------------------------
-    def replay_loss(self, batch):
+    def replay_loss(self, batch, tape=None):
         t = self.trainer
         self.model.train()
         inputs = t._prepare_inputs(batch)  # a new mapping, as in training_step: compute_loss may pop "labels"
@@ -81,20 +77,20 @@ class HFDriver(FrameworkDriver):
             loss = t.compute_loss(self.model, inputs, **extra)
         return split_loss(loss)
 
-    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
-        if not self.loss_is_scaled_for_accumulation():
-            loss = loss / self.step_micro_batches
+    def share_of_step(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self.loss_is_scaled_for_accumulation() else loss / self.step_micro_batches
+
+    def run_backward(self, loss: torch.Tensor, scaled: bool) -> None:
         if scaled:
             self.trainer.accelerator.backward(loss)  # the fp16 scaler's scale(), as in training_step
         else:
             loss.backward()
 
-    def optimizer_step(self) -> None:
-        """As the Trainer at the end of a step: unscale (fp16), clip at max_grad_norm, step."""
+    def clip_gradients(self) -> None:
+        """As the Trainer at the end of a step, after the unscale: clip at max_grad_norm."""
         max_norm = self.trainer.args.max_grad_norm
-        clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)) \
-            if max_norm and max_norm > 0 else None
-        scaled_step(self.optimizer, self.scaler, clip)
+        if max_norm and max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def watch_step_loss(self, loss: torch.Tensor) -> None:
         """training_step returns the loss it back-propagated (divided by the accumulation, unless normalised by
@@ -103,30 +99,22 @@ class HFDriver(FrameworkDriver):
         self.watch_loss(loss if self.loss_is_scaled_for_accumulation() else loss * self.step_micro_batches)
 
 
-class DebugNaNCallback(CallbackOutcome, TrainerCallback):
+class DebugNaNCallback(FrameworkCallback, TrainerCallback):
     """Watch every training micro-batch of `trainer`; on the first NaN/Inf (or gradient explosion) pinpoint its
     origin, print the summary, write the JSON report and the repro bundle, and stop training.
 
-    Options as for the Lightning callback: report, bundle_dir, bundle, log, on_trip ("stop":
-    control.should_training_stop, the model left at its last finite state; "raise": debug_nan.NonFiniteError out
-    of trainer.train()), task (a `--task` spec recorded in bundles), explosion_threshold / explosion_growth.
-    After train(): `.finding` and `.status`.
+    Options as for the Lightning callback (framework_outputs.py's CallbackOptions): report, bundle_dir, bundle,
+    log, on_trip ("stop": control.should_training_stop, the model left at its last finite state; "raise":
+    debug_nan.NonFiniteError out of trainer.train()), task (a `--task` spec recorded in bundles),
+    explosion_threshold / explosion_growth, snapshot_every, outputs_every. After train(): `.finding` and `.status`.
     """
 
-    def __init__(self, trainer, report: str | None = None, bundle_dir: str | None = None, *, bundle: bool = True,
-                 log: str | None = None, on_trip: str = "stop", task: str | None = None,
-                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None,
-                 outputs_every: int | None = None):
+    def __init__(self, trainer, *args, **kwargs):
         if not isinstance(trainer, transformers.Trainer):
             raise InputError(f"DebugNaNCallback(trainer, ...) needs the transformers.Trainer it watches (got "
                              f"{type(trainer).__name__}): trainer.add_callback(DebugNaNCallback(trainer)).")
+        super().__init__(*args, **kwargs)
         self.trainer = trainer
-        self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
-        self.task, self.explosion = task, (explosion_threshold, explosion_growth)
-        self.snapshot_every = snapshot_every  # copy the state every N steps (None: engine/session/copies.py chooses)
-        self.outputs_every = outputs_every  # measure module outputs every N steps (None: session/output_schedule.py)
-        self.driver: HFDriver | None = None
-        self.outside: ForwardsOutsideTraining | None = None
         self._first = True
 
     # -- Trainer events ----------------------------------------------------------------------------------------
@@ -138,12 +126,9 @@ class DebugNaNCallback(CallbackOutcome, TrainerCallback):
         self.outputs.result = None
         log = self.outputs.open(args.process_index)
         precision, described = resolved_precision(t)
-        settings = run_settings(
-            self.outputs, task=self.task, device=args.device, optimizer=t.optimizer,
-            accumulation=args.gradient_accumulation_steps, precision=precision, max_grad_norm=args.max_grad_norm,
-            max_steps=state.max_steps, seed=args.seed, explosion_threshold=self.explosion[0],
-            explosion_growth=self.explosion[1], snapshot_every=self.snapshot_every,
-            outputs_every=self.outputs_every)
+        settings = self.options.settings(
+            self.outputs, device=args.device, optimizer=t.optimizer, accumulation=args.gradient_accumulation_steps,
+            precision=precision, max_grad_norm=args.max_grad_norm, max_steps=state.max_steps, seed=args.seed)
         self.driver = HFDriver(t, settings, log, self.outputs.bundle_dir)
         self._install()
         # the evaluation loop's forwards (eval_strategy): under no_grad, outside a training micro-batch

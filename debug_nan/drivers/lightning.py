@@ -33,10 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from debug_nan.drivers import ddp
 from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining
 from debug_nan.drivers.framework import FrameworkDriver
-from debug_nan.drivers.framework_outputs import CallbackOutcome, Outputs, run_settings
+from debug_nan.drivers.framework_outputs import FrameworkCallback
 from debug_nan.drivers.monitor import NonFiniteError
 from debug_nan.drivers.task import split_loss
-from debug_nan.engine.session.precision import scaled_step
 from debug_nan.errors import InputError
 
 PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
@@ -65,7 +64,7 @@ class LightningDriver(FrameworkDriver):
             del self.module.log, self.module.log_dict
 
     # -- the StepDriver methods: Lightning's step, for the replay ---------------------------------------------
-    def replay_loss(self, batch):
+    def replay_loss(self, batch, tape=None):
         args = (batch, self.batch_idx) if self.passes_batch_idx else (batch,)
         with self._quiet(), self.trainer.precision_plugin.train_step_context():
             out = self.module.training_step(*args)
@@ -73,17 +72,18 @@ class LightningDriver(FrameworkDriver):
             raise RuntimeError("training_step returned None in the replay of a micro-batch it trained on")
         return split_loss(out)
 
-    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
-        loss = loss / self.trainer.accumulate_grad_batches
-        self.module.backward(self.scaler.scale(loss) if scaled and self.scaler is not None else loss)
+    def share_of_step(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss / self.trainer.accumulate_grad_batches
 
-    def optimizer_step(self) -> None:
-        """As Lightning's precision plugin: unscale (fp16), clip (configure_gradient_clipping), step."""
+    def run_backward(self, loss: torch.Tensor, scaled: bool) -> None:
+        self.module.backward(self.scaled(loss, scaled))
+
+    def clip_gradients(self) -> None:
+        """As Lightning's precision plugin, after the unscale: configure_gradient_clipping."""
         t = self.trainer
-        clip = (lambda: self.module.configure_gradient_clipping(
-            self.optimizer, gradient_clip_val=t.gradient_clip_val, gradient_clip_algorithm=t.gradient_clip_algorithm)) \
-            if t.gradient_clip_val else None
-        scaled_step(self.optimizer, self.scaler, clip)
+        if t.gradient_clip_val:
+            self.module.configure_gradient_clipping(self.optimizer, gradient_clip_val=t.gradient_clip_val,
+                                                    gradient_clip_algorithm=t.gradient_clip_algorithm)
 
     def raw_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """on_before_backward's loss is divided by the accumulation (and times the fp16 scale): undo both on the
@@ -92,28 +92,19 @@ class LightningDriver(FrameworkDriver):
         return loss / self.scaler._scale if self.scaler is not None else loss
 
 
-class DebugNaNCallback(CallbackOutcome, pl.Callback):
+class DebugNaNCallback(FrameworkCallback, pl.Callback):
     """Watch every training micro-batch; on the first NaN/Inf (or gradient explosion) pinpoint its origin, print
     the summary, write the JSON report and the repro bundle, and stop training.
 
-    report: JSON report path (the CLI's --report format, plus an "integration" block). bundle_dir: where repro
-    bundles go (default: beside the report; none without a report); bundle=False writes none. log: a copy of the
-    log lines. on_trip: "stop" (trainer.should_stop; the model is left at its last finite state) or "raise"
-    (debug_nan.NonFiniteError out of trainer.fit). task: a `--task` spec that rebuilds this LightningModule, its
-    loss and optimizer, recorded in bundles so that `debug-nan replay BUNDLE` works. After fit: `.finding`
-    (a Finding or None) and `.status` ("clean" | "nonfinite" | "error").
+    Options (framework_outputs.py's CallbackOptions): report, bundle_dir, bundle, log, on_trip ("stop":
+    trainer.should_stop, the model left at its last finite state; "raise": debug_nan.NonFiniteError out of
+    trainer.fit), task (a `--task` spec that rebuilds this LightningModule, recorded in bundles so that
+    `debug-nan replay BUNDLE` works), explosion_threshold / explosion_growth, snapshot_every, outputs_every.
+    After fit: `.finding` (a Finding or None) and `.status` ("clean" | "nonfinite" | "error").
     """
 
-    def __init__(self, report: str | None = None, bundle_dir: str | None = None, *, bundle: bool = True,
-                 log: str | None = None, on_trip: str = "stop", task: str | None = None,
-                 explosion_threshold: float = 1e4, explosion_growth: float = 1e3, snapshot_every: int | None = None,
-                 outputs_every: int | None = None):
-        self.outputs = Outputs(report, bundle_dir, bundle, log, on_trip)
-        self.task, self.explosion = task, (explosion_threshold, explosion_growth)
-        self.snapshot_every = snapshot_every  # copy the state every N steps (None: engine/session/copies.py chooses)
-        self.outputs_every = outputs_every  # measure module outputs every N steps (None: session/output_schedule.py)
-        self.driver: LightningDriver | None = None
-        self.outside: ForwardsOutsideTraining | None = None
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._stepping = False
 
     # -- Lightning hooks ---------------------------------------------------------------------------------------
@@ -125,8 +116,8 @@ class DebugNaNCallback(CallbackOutcome, pl.Callback):
             return
         _check_supported(trainer, pl_module)
         log = self.outputs.open(trainer.global_rank)
-        settings = run_settings(
-            self.outputs, task=self.task, device=pl_module.device, optimizer=trainer.optimizers[0],
+        settings = self.options.settings(
+            self.outputs, device=pl_module.device, optimizer=trainer.optimizers[0],
             accumulation=trainer.accumulate_grad_batches, precision=PRECISIONS.get(str(trainer.precision), "fp32"),
             max_grad_norm=trainer.gradient_clip_val if trainer.gradient_clip_algorithm == "norm" else None,
             max_steps=trainer.max_steps, seed=_seed(),

@@ -41,12 +41,11 @@ torch_support.require()  # the Monitor and the framework callbacks (which import
 # imports below
 
 from debug_nan.drivers.eval_forwards import ForwardsOutsideTraining  # noqa: E402
+from debug_nan.drivers.session_driver import SessionDriver  # noqa: E402
 from debug_nan.drivers.task import split_loss  # noqa: E402
 from debug_nan.engine.explain.finding import Finding  # noqa: E402
 from debug_nan.engine.replay.driver import TaskFailure  # noqa: E402
-from debug_nan.engine.session.policies import SessionPolicies  # noqa: E402
-from debug_nan.engine.session.precision import autocast_as, autocast_state, scaled_step  # noqa: E402
-from debug_nan.engine.session.session import StepSession  # noqa: E402
+from debug_nan.engine.session.precision import autocast_as, autocast_state  # noqa: E402
 from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies  # noqa: E402
 from debug_nan.presentation.summary import finding_lines  # noqa: E402
 from debug_nan.settings.watch import WatchSettings  # noqa: E402
@@ -60,12 +59,10 @@ class NonFiniteError(RuntimeError):
         super().__init__("first non-finite value found:\n" + "\n".join(finding_lines(finding)))
 
 
-class Monitor:
+class Monitor(SessionDriver):
     """Watch (always on inside step()) + pinpoint (on a trip) around a training loop you own: a driver of the
     step session, and the pinpointer's StepDriver (the replay calls `loss_fn` and your optimizer through the
-    methods below)."""
-
-    first_step, checkpoint, dist = 0, None, None  # (StepDriver) the loop's state is its own; one process
+    methods below). The loop's state is its own (first_step 0, no checkpoint); one process."""
 
     def __init__(self, model: torch.nn.Module, loss_fn, optimizer: torch.optim.Optimizer | None = None,
                  log=lambda line="", colour=None: None, *, accumulation_steps: int = 1, scaler=None,
@@ -78,11 +75,9 @@ class Monitor:
         self.model, self.loss_fn, self.optimizer, self.log = model, loss_fn, optimizer, log
         self.device = next(model.parameters()).device
         self.accumulation_steps, self.max_grad_norm = accumulation_steps, max_grad_norm
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         knobs = WatchSettings(explosion_threshold=explosion_threshold, explosion_growth=explosion_growth,
                               snapshot=snapshot, snapshot_every=snapshot_every or 0, outputs_every=outputs_every or 0)
-        self.session = StepSession(self, SessionPolicies.from_settings(knobs, "api", scaler=self.scaler))
-        self.watch, self.pinpointer = self.session.watch, self.session.pinpointer
+        self.open_session(knobs, scaler=scaler)
         self.watch.enabled = False  # on only inside step()
         self.watch.detailed = detailed
         self.closed = False
@@ -110,24 +105,20 @@ class Monitor:
         return self.session.steps
 
     # -- the StepDriver methods --------------------------------------------------------------------------------
-    def replay_loss(self, batch):
+    def replay_loss(self, batch, tape=None):
         """loss_fn again, under the autocast state the model's forward ran under in the run (your autocast region
         is inside the step() block, which the replay does not run)."""
         with autocast_as(self._autocast):
             return split_loss(self.loss_fn(self.model, batch))
 
-    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
-        loss = loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
-        (self.scaler.scale(loss) if scaled and self.scaler is not None else loss).backward()
+    def share_of_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Your loop back-propagates loss / accumulation_steps (the loss itself without accumulation)."""
+        return loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
 
-    def optimizer_step(self) -> None:
-        """Your loop's update as the monitor was told it: unscale (scaler), clip (max_grad_norm), step."""
-        clip = (lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)) \
-            if self.max_grad_norm else None
-        scaled_step(self.optimizer, self.scaler, clip)
-
-    def average_gradients(self) -> None:
-        pass  # a single process
+    def clip_gradients(self) -> None:
+        """Your loop's clipping as the monitor was told it (max_grad_norm), after the scaler's unscale."""
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
 
     @contextmanager
     def watch_paused(self):

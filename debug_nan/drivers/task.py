@@ -71,16 +71,6 @@ def split_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return out.reshape(()), parts
 
 
-def eager_module(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
-    """(the module to train and check, whether it was torch.compile'd): the checks hook every submodule and
-    replay op by op, which a compiled graph does not allow, so a compiled model is debugged through the eager
-    module it wraps (the same parameters)."""
-    compiled = False
-    while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch._dynamo's OptimizedModule
-        model, compiled = model._orig_mod, True
-    return model, compiled
-
-
 def micro_batches(task: Task, dist_ctx=None):
     """Micro-batches forever, re-iterating task.batches. Under DDP each rank takes every world-th micro-batch
     (unless the task shards itself, like the built-in one), counted across passes, so even a single batch

@@ -207,7 +207,7 @@ class RunDriver(TapeReplayer, FrameworkDriver):
         return self.stopped
 
     def watch_on_outside_training(self) -> bool:
-        return not self.stopped and not self.eval_forwards.done and not self.hooks.is_paused
+        return not self.stopped and not self.eval_forwards.done and not self.hooks.state.paused
 
     def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
         """Model calls of this micro-batch whose outputs its backward does not take (the script skipped a NaN loss

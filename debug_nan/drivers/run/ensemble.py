@@ -18,7 +18,7 @@ from collections.abc import MutableMapping
 import torch
 from torch import nn
 
-from debug_nan.drivers.run.model_calls import bare
+from debug_nan.drivers.wrappers import bare
 
 
 def cover(params: list[nn.Parameter]) -> tuple[list[nn.Module], list[nn.Parameter]]:

@@ -28,12 +28,13 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.model_calls import bare, batch_of, loss_of, redirected_forward
+from debug_nan.drivers.run.hook_state import HookState, Micro
+from debug_nan.drivers.run.model_calls import batch_of, loss_of, redirected_forward
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
 from debug_nan.drivers.run.stops import RunStopped, stop_main_thread
 from debug_nan.drivers.run.tape import Tape, batch_form
-from debug_nan.drivers.run.wrappers import step_location
+from debug_nan.drivers.wrappers import bare, step_location
 from debug_nan.engine.watch.clipping import clip_watching, forget_clipping
 from debug_nan.engine.watch.module_hooks import ModuleHook
 from debug_nan.engine.watch.sampled import forget_batches, sampling
@@ -46,43 +47,53 @@ OUTSIDE_TRAINING = "outside training"  # a model call's mark: a forward with gra
 
 
 class Listener(Protocol):
-    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
-    def micro_begin(self, batch, step: int, micro: int) -> None: ...
-    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None: ...
-    def backward_end(self, step: int, micro: int) -> None: ...
-    def step_begin(self, step: int, update: Tape | None) -> None: ...
-    def step_end(self, step: int, skipped: bool) -> None: ...
-    def training_ends(self) -> None: ...
-    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None: ...
-    def eval_end(self, output) -> None: ...
+    """Every event the hooks send (app/run_watch.py's Watch in a run), in the order a step meets them."""
+
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """The watched model and optimizer are known (the first training forward)."""
+
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """A newer optimizer of the same model steps instead of the watched one (a second training stage)."""
+
+    def micro_begin(self, batch, step: int, micro: int) -> None:
+        """A micro-batch's first forward: its model inputs."""
+
+    def forwards_given_up(self, tape: Tape, calls: list[int], outputs: list) -> None:
+        """At a backward: the micro-batch's model calls (tape entries `calls`) whose `outputs` it does not take."""
+
+    def backward_begin(self, loss: torch.Tensor, step: int, micro: int, tape: Tape | None) -> None:
+        """The micro-batch's backward begins, on `loss` (before a GradScaler's scale); `tape`: its code."""
+
+    def backward_end(self, step: int, micro: int) -> None:
+        """Its backward ended."""
+
+    def step_begin(self, step: int, update: Tape | None) -> None:
+        """The optimizer step begins; `update`: the code between the last backward and it."""
+
+    def step_end(self, step: int, skipped: bool) -> None:
+        """The step closed: the optimizer stepped, or a GradScaler skipped it (`skipped`)."""
+
+    def training_ends(self) -> None:
+        """The script destroys its process group: the last update is checked while the ranks can agree."""
+
+    def eval_begin(self, module: nn.Module, args: tuple, kwargs: dict, steps_taken: int) -> None:
+        """A forward of the model with gradients off outside a micro-batch (validation, generation) begins."""
+
+    def eval_end(self, output) -> None:
+        """... and ended, with its output."""
 
 
 class Hooks(WatchedOptimizer):
-    """Install the global hooks (install/uninstall), count steps and micro-batches, tell the listener."""
+    """Install the global hooks (install/uninstall), count steps and micro-batches, tell the listener. What they
+    know of the run is `state` (HookState); the rest is their own machinery (the recorder, the handles)."""
 
     def __init__(self, listener: Listener):
         self.listener = listener
-        self.optimizer: torch.optim.Optimizer | None = None  # the one that owns the root's parameters
-        self.other_optimizers: list = []  # weak references to optimizers created beside it
-        self.root: nn.Module | None = None
-        self.step, self.micro = 1, 0
-        self.open = False  # a micro-batch's forward has begun and its backward not yet ended
-        self.stepped_since_update = False
-        self.in_backward = False
-        self.scaled: weakref.ref | None = None  # the last GradScaler.scale() output
-        self.scaler = None
-        self.unscaled: torch.Tensor | None = None  # the last GradScaler.scale() input
+        self.state = HookState()  # where the script is, what is watched, what stepped (drivers/run/hook_state.py)
         self.failure: InputError | None = None  # bad input met inside a hook (raised as RunStopped("error"))
         self.recorder = Recorder()  # the tapes of the script's own code (drivers/run/tape.py)
-        self.schedulers: list[weakref.ref] = []  # the LR schedulers the script created
         self.outputs: list = []  # the open micro-batch's model outputs (a script may give up on them)
-        self.is_paused = False  # a replay runs: its forwards, backwards and steps are not the run's
         self._calls: list = []  # per model call under way: its tape entry (or None)
-        self._in_step = False  # inside an optimizer's own math (the recorder is off)
-        self.manual = self.manual_tried = False  # a loop that updates the weights by hand (no optimizer)
-        self.retired: weakref.WeakSet = weakref.WeakSet()  # optimizers a newer one replaced
-        self.stepped_this_step = False  # the watched optimizer stepped since the step's first micro-batch
-        self.backward_since_open = False
         self._handles: list = []
         # eager under torch.compile: the root's forward opens a micro-batch even inside a compiled call
         self._forward_pre_hook = ModuleHook(self.forward_pre, compiled="eager")
@@ -109,7 +120,7 @@ class Hooks(WatchedOptimizer):
         def lr_scheduler_init(scheduler, *args, **kwargs):
             with calls_through:
                 scheduler_init(scheduler, *args, **kwargs)
-            hooks.schedulers.append(weakref.ref(scheduler))
+            hooks.state.schedulers.append(weakref.ref(scheduler))
 
         def autograd_backward(tensors, *args, **kwargs):
             hooks.recorder.suspend()  # (the backward, and the watch's work at it, are no script code)
@@ -123,8 +134,8 @@ class Hooks(WatchedOptimizer):
             with calls_through:
                 out = scale(scaler, outputs)
             if isinstance(out, torch.Tensor) and scaler.is_enabled():
-                hooks.scaled, hooks.scaler = weakref.ref(out), scaler
-                hooks.unscaled = outputs.detach()  # (a scaled loss past float32's range by design is no harm)
+                hooks.state.scaled, hooks.state.scaler = weakref.ref(out), scaler
+                hooks.state.unscaled = outputs.detach()  # (a scaled loss past float32's range by design: no harm)
                 if hooks.recorder.tape is not None:  # (the fp16 probe replays the backward of `outputs` at scale 1)
                     hooks.recorder.tape.loss_scaled(out, outputs)
             return out
@@ -158,7 +169,7 @@ class Hooks(WatchedOptimizer):
             destroy = torch.distributed.destroy_process_group
 
             def destroy_process_group(*args, **kwargs):
-                if not hooks.is_paused and hooks.root is not None:
+                if not hooks.state.paused and hooks.state.root is not None:
                     hooks.flush_step()
                     hooks.listener.training_ends()  # the last update's check, while the ranks can still agree
                 with calls_through:
@@ -181,43 +192,43 @@ class Hooks(WatchedOptimizer):
     @contextmanager
     def paused(self):
         """A replay in this process: no event is the run's, and nothing is recorded."""
-        was, tape = self.is_paused, self.recorder.tape
-        self.is_paused, self.recorder.tape = True, None
+        was, tape = self.state.paused, self.recorder.tape
+        self.state.paused, self.recorder.tape = True, None
         try:
             yield
         finally:
-            self.is_paused, self.recorder.tape = was, tape
+            self.state.paused, self.recorder.tape = was, tape
 
     def forward_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """A call of a module that owns the optimizer's parameters: the model's forward is no script code (the
         recorder is off inside it); its first with gradients since the last backward opens a micro-batch."""
-        if self.is_paused:
+        if self.state.paused:
             return
         nested = bool(self._calls)
         self.recorder.suspend()
         self._calls.append(None)
         if nested:  # an owner inside an owner (a DDP wrapper's module): one model call
             return
-        if not self.open and not self.in_backward and not torch.is_grad_enabled():  # validation, generation
+        if self.state.phase is Micro.CLOSED and not torch.is_grad_enabled():  # validation, generation
             if self._adopt(module):
                 self.flush_step()
                 self._calls[-1] = OUTSIDE_TRAINING
-                self.listener.eval_begin(module, args, kwargs, self.step - 1)
+                self.listener.eval_begin(module, args, kwargs, self.state.step - 1)
             return
         self._open_micro(module, args, kwargs)
         tape = self.recorder.tape
-        if tape is not None and self.open and self._is_model(module):
+        if tape is not None and self.state.open and self._is_model(module):
             if not tape.entries:  # the micro-batch's first call: its arguments are the captured batch
                 tape.first_inputs(args, kwargs)
                 self._calls[-1] = tape.model_call((), {})
             else:
                 self._calls[-1] = tape.model_call(args, kwargs)
-            if self.models is not None:  # (several optimizers: which of the models the replay calls)
+            if self.state.models is not None:  # (several optimizers: which of the models the replay calls)
                 self._calls[-1].member = self.model_path(module)
             self._calls[-1].forward = redirected_forward(bare(module))  # (Lightning's strategies)
 
     def forward_post(self, module: nn.Module, args: tuple, kwargs: dict, output) -> None:
-        if self.is_paused or not self._calls:
+        if self.state.paused or not self._calls:
             return
         entry = self._calls.pop()
         tape = self.recorder.tape
@@ -235,31 +246,31 @@ class Hooks(WatchedOptimizer):
     def _open_micro(self, module: nn.Module | None, args: tuple, kwargs: dict) -> None:
         """A micro-batch opens at `module`'s forward; with module None, at a backward whose forwards ran before the
         last backward (several models: an actor-critic's second loss), with no batch of its own."""
-        if self.open or self.in_backward or not torch.is_grad_enabled():
+        if self.state.phase is not Micro.CLOSED or not torch.is_grad_enabled():
             return
-        if module is not None and not (self._adopt(module) if self.root is None else
-                                       self._is_model(module) if self.several else module is self.root):
+        if module is not None and not (self._adopt(module) if self.state.root is None else
+                                       self._is_model(module) if self.several else module is self.state.root):
             return
         self.flush_step()
-        if self.manual and self.backward_since_open:  # the script's own update ran since the last backward
-            if self.micro:
+        if self.state.manual and self.state.backward_since_open:  # the script's own update ran since the backward
+            if self.state.micro:
                 self.close_manual_step()
             else:  # the step whose backward found the model: not watched, but counted
-                self.step += 1
-        self.backward_since_open = self.stepped_this_step = False
-        self.open = True
-        self.micro += 1
-        self.recorder.tape = Tape(first_form=batch_form(args, kwargs), owner=bare(self.root))
-        self.listener.micro_begin(batch_of(args, kwargs), self.step, self.micro)
+                self.state.step += 1
+        self.state.backward_since_open = self.state.stepped_this_step = False
+        self.state.phase = Micro.FORWARD
+        self.state.micro += 1
+        self.recorder.tape = Tape(first_form=batch_form(args, kwargs), owner=bare(self.state.root))
+        self.listener.micro_begin(batch_of(args, kwargs), self.state.step, self.state.micro)
 
     # -- backward ----------------------------------------------------------------------------------------------
     def backward(self, original, tensors, *args, **kwargs):
-        if self.root is None and not self.manual_tried and not self.in_backward and not self.is_paused \
-                and not any(r() is not None for r in self.other_optimizers):
+        if self.state.root is None and not self.state.manual_tried and self.state.phase is not Micro.BACKWARD \
+                and not self.state.paused and not any(r() is not None for r in self.state.other_optimizers):
             self._adopt_by_backward(tensors)
-        if not self.open and self.several and not self.in_backward and not self.is_paused:
+        if self.state.phase is Micro.CLOSED and self.several and not self.state.paused:
             self._open_micro(None, (), {})
-        if not self.open or self.in_backward or self.is_paused:
+        if self.state.phase is not Micro.FORWARD or self.state.paused:
             with calls_through:
                 return original(tensors, *args, **kwargs)
         tape, self.recorder.tape = self.recorder.tape, None
@@ -270,23 +281,23 @@ class Hooks(WatchedOptimizer):
             if unused:  # a forward whose outputs no backward takes: one the script gave up on, if non-finite
                 self.listener.forwards_given_up(tape, unused, [outputs[n] for n in unused])
         loss = loss_of(tensors)
-        scaled = self.scaled() if self.scaled is not None else None
+        scaled = self.state.scaled() if self.state.scaled is not None else None
         if scaled is not None and scaled is loss:
-            loss = self.unscaled  # the loss as computed, before the scale
-        self.in_backward = True
+            loss = self.state.unscaled  # the loss as computed, before the scale
+        self.state.phase = Micro.BACKWARD
         try:
-            self.listener.backward_begin(loss.detach(), self.step, self.micro, tape)
+            self.listener.backward_begin(loss.detach(), self.state.step, self.state.micro, tape)
             # the script's own anomaly mode would raise on a NaN gradient before the watch reads it: the watch
             # reports it (the trip stops the script at this backward all the same)
             with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False), calls_through:
                 result = original(tensors, *args, **kwargs)
         finally:
-            self.in_backward = False
-        self.open = False
-        self.backward_since_open = True
+            self.state.phase = Micro.FORWARD  # (a backward that raised leaves its micro-batch open)
+        self.state.phase = Micro.CLOSED
+        self.state.backward_since_open = True
         # the update: what the script does before the optimizer step
         self.recorder.tape = Tape(previous=tape, owner=tape.owner if tape is not None else None)
-        self.listener.backward_end(self.step, self.micro)
+        self.listener.backward_end(self.state.step, self.state.micro)
         return result
 
     # -- steps -------------------------------------------------------------------------------------------------
@@ -294,7 +305,7 @@ class Hooks(WatchedOptimizer):
         """Before an optimizer step: the update's tape ends here, and the optimizer's own ops are not the script's
         code (the recorder is off). A closure (Lightning's way) runs the micro-batch inside the step: it is wrapped
         so that the update's tape ends when it returns, before the optimizer's own math."""
-        if self.is_paused:
+        if self.state.paused:
             return None
         closure = args[1] if len(args) > 1 else kwargs.get("closure")  # (args[0] is the optimizer itself)
         if closure is None:
@@ -305,7 +316,7 @@ class Hooks(WatchedOptimizer):
         def after_closure(*a, **k):
             with calls_through:
                 result = closure(*a, **k)
-            if not hooks.is_paused:
+            if not hooks.state.paused:
                 hooks._end_update(optimizer, closure_calls=True)
             return result
 
@@ -314,30 +325,30 @@ class Hooks(WatchedOptimizer):
         return args, {**kwargs, "closure": after_closure}
 
     def _end_update(self, optimizer, closure_calls: bool = False) -> None:
-        if self._in_step:  # (LBFGS calls its closure again: the step's tape was handed on already)
+        if self.state.in_step:  # (LBFGS calls its closure again: the step's tape was handed on already)
             return
-        if self.optimizer is not None and self._mine(optimizer):
+        if self.state.optimizer is not None and self._mine(optimizer):
             update, self.recorder.tape = self.recorder.tape, None
             if update is not None:
                 update.step_location = step_location(optimizer, 2)  # the script's `optimizer.step()` line
             if update is not None and closure_calls and type(optimizer).__name__ == "LBFGS":
                 update.unreplayable = "LBFGS calls its closure many times in one step, which no replay can follow"
             if not self.joins_step(optimizer, update):
-                self._pending_update = update
-                self.listener.step_begin(self.step, update)
+                self.state.pending_update = update
+                self.listener.step_begin(self.state.step, update)
         self.recorder.suspend()  # (the optimizer's own ops are not the script's code)
-        self._in_step = True
+        self.state.in_step = True
 
     def step_post(self, optimizer, args, kwargs) -> None:
-        if self.is_paused:
+        if self.state.paused:
             return
-        if self._in_step:
+        if self.state.in_step:
             self.recorder.resume()
-            self._in_step = False
+            self.state.in_step = False
         if self._mine(optimizer):
-            self.stepped_since_update = self.stepped_this_step = True
+            self.state.stepped_since_update = self.state.stepped_this_step = True
             if self.several:
-                self.step_pending = True  # (another optimizer may join this step before the next forward)
+                self.state.step_pending = True  # (another optimizer may join this step before the next forward)
             else:
                 self._close_step(skipped=False)
 
@@ -345,17 +356,17 @@ class Hooks(WatchedOptimizer):
         """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or
         when the command ends."""
         update, self.recorder.tape = self.recorder.tape, None
-        self.backward_since_open = False
-        self.listener.step_begin(self.step, update)
+        self.state.backward_since_open = False
+        self.listener.step_begin(self.state.step, update)
         self._close_step(skipped=False)
 
     def updated(self) -> None:
         """GradScaler.update(): a step it skipped (inf gradients) had no optimizer step; it closes here."""
-        if not self.stepped_since_update and self.micro:
+        if not self.state.stepped_since_update and self.state.micro:
             self._close_step(skipped=True)
-        self.stepped_since_update = False
+        self.state.stepped_since_update = False
 
     def _close_step(self, skipped: bool) -> None:
-        step = self.step
-        self.step, self.micro = step + 1, 0
+        step = self.state.step
+        self.state.step, self.state.micro = step + 1, 0
         self.listener.step_end(step, skipped)

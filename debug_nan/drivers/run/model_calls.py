@@ -8,22 +8,9 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from debug_nan.engine.replay.driver import NotReplayable
 from debug_nan.engine.sharded import WRAPPER_SEGMENTS
-
-
-def bare(module: nn.Module) -> nn.Module:
-    """The user's module inside a DDP / DataParallel wrapper and a torch.compile wrapper (the watch names modules
-    as the user wrote them; the replay runs the eager module under the tracer)."""
-    while True:
-        if isinstance(module, (DistributedDataParallel, nn.DataParallel)):
-            module = module.module
-        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            module = module._orig_mod
-        else:
-            return module
 
 
 # a wrapper's attribute for the module it wraps: DDP's, Lightning's wrapper base's, and the segments names leave out

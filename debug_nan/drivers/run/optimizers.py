@@ -7,8 +7,8 @@
     optimizer at the first training forward is watched with the parameters it holds (drivers/run/ensemble.py);
     a forward of any of their models opens a micro-batch; a step is an optimizer step, and optimizers that step
     one after the other with no forward between them take one step together.
-Hooks' attributes used: optimizer, other_optimizers, retired, stepped_this_step, root, models, listener, failure,
-schedulers, manual, manual_tried, backward_since_open, _handles, _forward_pre_hook, _forward_post_hook.
+What it reads and writes is drivers/run/hook_state.py's HookState, the hooks' one state (`self.state`); the few
+attributes of Hooks' own it uses are declared on the class.
 """
 
 from __future__ import annotations
@@ -19,29 +19,35 @@ import torch
 from torch import nn
 
 from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
-from debug_nan.drivers.run.model_calls import bare, leaves_reached, optimizer_params, owners
+from debug_nan.drivers.run.hook_state import HookState
+from debug_nan.drivers.run.model_calls import leaves_reached, optimizer_params, owners
 from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped
-from debug_nan.drivers.run.wrappers import wraps
-from debug_nan.engine.watch.module_hooks import keep_out_of_copies
+from debug_nan.drivers.wrappers import bare, wraps
+from debug_nan.engine.watch.module_hooks import ModuleHook, keep_out_of_copies
 from debug_nan.errors import InputError
 
 
 class WatchedOptimizer:
-    models: nn.Module | None = None  # several optimizers: the one module that holds their parameters (or a Models)
-    _paths: dict = {}  # ... and where each of its modules sits in it (id -> dotted path)
-    step_pending = False  # several optimizers: a step was taken and another may join it before the next forward
+    """Hooks' part that decides what is watched; its state is the hooks' (HookState), the rest Hooks' own."""
+
+    state: HookState
+    listener: object  # (hooks.py's Listener)
+    failure: InputError | None
+    _handles: list  # the hooks' handles, removed by uninstall()
+    _forward_pre_hook: ModuleHook  # the model's forward hooks (Hooks.forward_pre, forward_post)
+    _forward_post_hook: ModuleHook
 
     # -- optimizers created, models hooked ---------------------------------------------------------------------
     def created(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.root is None:
+        if self.state.root is None:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             found = owners(optimizer_params(optimizer))
             if not found:  # no module owns them all: the modules that own parts of them
                 found = [m for outer in cover(params)[0] for m in {id(outer): outer, id(bare(outer)): bare(outer)}
                          .values()]
             self._hook_models(found)
-        self.other_optimizers.append(weakref.ref(optimizer))
+        self.state.other_optimizers.append(weakref.ref(optimizer))
 
     def _hook_models(self, modules: list[nn.Module]) -> None:
         for module in modules:
@@ -54,68 +60,70 @@ class WatchedOptimizer:
         """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
         the model is the module that owns every parameter this backward reaches. Watched from its next forward;
         each forward after a backward then closes a step (the script's own update ran between them)."""
-        self.manual_tried = True
+        self.state.manual_tried = True
         found = owners(leaves_reached(tensors))
         if found:
-            self.manual = self.backward_since_open = True  # (this first step is over before the model is known)
+            # (this first step is over before the model is known)
+            self.state.manual = self.state.backward_since_open = True
             self._hook_models(found)
 
     def scheduler_of(self, optimizer):
         """The script's last LR scheduler of `optimizer` (its state is part of a step's start), or None."""
-        live = [r() for r in self.schedulers]
+        live = [r() for r in self.state.schedulers]
         return next((s for s in reversed(live) if s is not None and wraps(s.optimizer, optimizer)), None)
 
     # -- the watched model -------------------------------------------------------------------------------------
     @property
     def several(self) -> bool:
         """Several optimizers are watched (ensemble.Optimizers)."""
-        return isinstance(self.optimizer, Optimizers)
+        return isinstance(self.state.optimizer, Optimizers)
 
     def _is_model(self, module: nn.Module) -> bool:
-        if self.models is not None:
-            return id(bare(module)) in self._paths
-        return module is self.root or bare(module) is bare(self.root)
+        if self.state.models is not None:
+            return id(bare(module)) in self.state.paths
+        return module is self.state.root or bare(module) is bare(self.state.root)
 
     def model_path(self, module: nn.Module) -> str:
         """Several optimizers: where the module the script called sits in the watched model (its replay calls it
         there again): "netD" in a Models, "gen" in a LightningModule holding a GAN's two models, "" for itself."""
-        return self._paths[id(bare(module))]
+        return self.state.paths[id(bare(module))]
 
     def _adopt(self, module: nn.Module) -> bool:
         """Whether `module` is (one of) the watched model(s). The first time, what is watched is decided: the
         module, when it owns all the parameters of the one live optimizer (or of a loop's own update); every live
         optimizer and the models that hold their parameters, when there are several or none owns them all."""
-        if self.root is not None:
+        if self.state.root is not None:
             return self._is_model(module)
         model = bare(module)
         ids = held_parameter_ids(model)  # (FSDP2: the sharded parameters the optimizer holds)
-        live = [o for o in (r() for r in self.other_optimizers) if o is not None]
+        live = [o for o in (r() for r in self.state.other_optimizers) if o is not None]
         mine = [o for o in live if optimizer_params(o) <= ids]
-        if (len(mine) == 1 and len(live) == 1) or (not live and self.manual):
-            self.root, self.optimizer = module, mine[-1] if mine else None
-            self.other_optimizers = []
+        if (len(mine) == 1 and len(live) == 1) or (not live and self.state.manual):
+            self.state.root, self.state.optimizer = module, mine[-1] if mine else None
+            self.state.other_optimizers = []
             with sharded_view(model):  # (FSDP2: the watch and the copy read the optimizer's sharded parameters)
-                self.listener.attach(model, self.optimizer)
+                self.listener.attach(model, self.state.optimizer)
             return True
         if not any(optimizer_params(o) & ids for o in live):  # its optimizer is gone already: not trained
             return False
-        self.models, self.optimizer = watched_set(live)
-        self._paths = {id(m): name for name, m in self.models.named_modules()}
-        self.root, self.other_optimizers = self.models, []
-        self.listener.attach(self.models, self.optimizer)
+        self.state.models, self.state.optimizer = watched_set(live)
+        self.state.paths = {id(m): name for name, m in self.state.models.named_modules()}
+        self.state.root, self.state.other_optimizers = self.state.models, []
+        self.listener.attach(self.state.models, self.state.optimizer)
         return self._is_model(module)
 
     # -- which optimizer steps ---------------------------------------------------------------------------------
     def _mine(self, optimizer) -> bool:
-        if isinstance(self.optimizer, Optimizers):
-            return self.optimizer.index(optimizer) is not None
-        if self.optimizer is None or optimizer is self.optimizer:
-            return self.optimizer is not None
+        if isinstance(self.state.optimizer, Optimizers):
+            return self.state.optimizer.index(optimizer) is not None
+        if self.state.optimizer is None or optimizer is self.state.optimizer:
+            return self.state.optimizer is not None
         if self._replaces(optimizer):
             return True
-        if optimizer in self.retired or any(r() is optimizer for r in self.other_optimizers):
+        if optimizer in self.state.retired or any(r() is optimizer for r in self.state.other_optimizers):
+            watched = type(self.state.optimizer).__name__
             self.failure = InputError(f"the script steps an optimizer debug-nan run does not watch "
-                                      f"({type(optimizer).__name__}) beside the {type(self.optimizer).__name__} it "
+                                      f"({type(optimizer).__name__}) beside the {watched} it "
                                       f"trains with: one created after training began, for parameters that model "
                                       f"does not hold, or one that a newer optimizer of the same model had replaced "
                                       f"(a second stage), stepping again. debug-nan run watches every optimizer "
@@ -128,32 +136,32 @@ class WatchedOptimizer:
     def _replaces(self, optimizer) -> bool:
         """A newer optimizer of the same model steps while the current one has not stepped in this step: it
         replaced it (a second training stage). The watch follows the newest."""
-        if optimizer in self.retired or self.stepped_this_step or not any(
-                r() is optimizer for r in self.other_optimizers):
+        if optimizer in self.state.retired or self.state.stepped_this_step or not any(
+                r() is optimizer for r in self.state.other_optimizers):
             return False
-        if not optimizer_params(optimizer) <= held_parameter_ids(self.root):
+        if not optimizer_params(optimizer) <= held_parameter_ids(self.state.root):
             return False
-        self.retired.add(self.optimizer)
-        self.other_optimizers = [r for r in self.other_optimizers if r() is not optimizer]
-        self.optimizer = optimizer
+        self.state.retired.add(self.state.optimizer)
+        self.state.other_optimizers = [r for r in self.state.other_optimizers if r() is not optimizer]
+        self.state.optimizer = optimizer
         self.listener.follow(optimizer)
         return True
 
     def joins_step(self, optimizer, update) -> bool:
         """Several optimizers: `optimizer` steps right after another, with no forward between (two optimizers
         over one model's halves): it joins that step (its replay steps both, in order)."""
-        if not self.step_pending:
+        if not self.state.step_pending:
             if update is not None and self.several:
-                update.stepped = [self.optimizer.index(optimizer)]
+                update.stepped = [self.state.optimizer.index(optimizer)]
             return False
-        stepped = getattr(self, "_pending_update", None)
+        stepped = self.state.pending_update
         if stepped is not None:
-            stepped.stepped.append(self.optimizer.index(optimizer))
+            stepped.stepped.append(self.state.optimizer.index(optimizer))
         return True
 
     def flush_step(self) -> None:
         """Several optimizers: the step taken closes (at the next forward, or when training ends)."""
-        if self.step_pending:
-            self.step_pending = False
-            self._pending_update = None
+        if self.state.step_pending:
+            self.state.step_pending = False
+            self.state.pending_update = None
             self._close_step(skipped=False)

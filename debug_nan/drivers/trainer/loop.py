@@ -22,20 +22,20 @@ import torch
 from tqdm import tqdm
 
 from debug_nan.drivers.recipe import build_recipe, enter_training_mode
-from debug_nan.drivers.task import Task, eager_module, micro_batches, split_loss
+from debug_nan.drivers.session_driver import SessionDriver
+from debug_nan.drivers.task import Task, micro_batches, split_loss
 from debug_nan.drivers.trainer.checkpoint import resume, skip_batches
 from debug_nan.drivers.trainer.device import resolve_device
 from debug_nan.drivers.trainer.evaluate import EvalPass
 from debug_nan.drivers.trainer.overlap import OverlappedAllReduce
 from debug_nan.drivers.trainer.sharding import shard_model
+from debug_nan.drivers.wrappers import unwrapped
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.session.agreement import RankAgreement, RunAborted
-from debug_nan.engine.session.distributed import DistContext, agree_on_setup, average_gradients, wrap_ddp
+from debug_nan.engine.session.distributed import DistContext, agree_on_setup, wrap_ddp
 from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
-from debug_nan.engine.session.policies import SessionPolicies
 from debug_nan.engine.session.precision import Precision, scaled_step
-from debug_nan.engine.session.session import StepSession
 from debug_nan.engine.sharded import locals_of
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint
 from debug_nan.engine.stats import move_to
@@ -44,7 +44,9 @@ from debug_nan.errors import InputError
 from debug_nan.settings import RunSettings
 
 
-class Trainer:
+class Trainer(SessionDriver):
+    dialect = "cli"  # the advice names debug-nan's options (--max-grad-norm, ...)
+
     def __init__(self, task: Task, settings: RunSettings, log, device: torch.device | None = None,
                  dist_ctx: DistContext | None = None, observer: StepObserver | None = None):
         """`settings`: a RunSettings, or the CLI's JobSettings (the same components and the built-in task's);
@@ -54,7 +56,9 @@ class Trainer:
         train = settings.train
         self.device = device or resolve_device(train.device, log)
         torch.manual_seed(train.seed)
-        model, compiled = eager_module(task.model)
+        # the checks hook every submodule and replay op by op, which a compiled graph does not allow: a compiled
+        # model is debugged through the eager module it wraps (the same parameters)
+        model, compiled = unwrapped(task.model)
         if compiled:
             log("NOTICE: the task's model is torch.compile'd; debugging the eager module underneath (the same "
                 "parameters), which the checks can hook and replay op by op. loss() receives that module.")
@@ -73,20 +77,18 @@ class Trainer:
         # the settings as this run uses them (the task's own clipping included)
         self.s = replace(settings, train=replace(train, max_grad_norm=self.recipe.max_grad_norm))
         self.precision = Precision(train.precision, self.device)
-        self.scaler = self.precision.scaler
         self.accumulation_steps = train.gradient_accumulation_steps
-        self.watch = Watch(self.model, self.optimizer)
-        self.watch.exact_grad_norms = bool(self.recipe.max_grad_norm)  # clip_and_step reuses them
-        self.watch.detailed = settings.watch.trace_every_step
+        watch = Watch(self.model, self.optimizer)
+        watch.exact_grad_norms = bool(self.recipe.max_grad_norm)  # clip_and_step reuses them
+        watch.detailed = settings.watch.trace_every_step
         # DDP: the gradients are averaged during the last micro-batch's backward, by collectives every rank reaches
-        self.reducer = OverlappedAllReduce([p for _, p in self.watch.named_params], dist_ctx) \
+        self.reducer = OverlappedAllReduce([p for _, p in watch.named_params], dist_ctx) \
             if dist_ctx is not None and not self.sharded else None  # (FSDP reduce-scatters in the backward)
         self.agreement = RankAgreement(dist_ctx, self.device, log) if dist_ctx is not None else None
-        self.session = StepSession(self, SessionPolicies.from_settings(
-            settings.watch, "cli", scaler=self.scaler, agreement=self.agreement, agree_on_errors=True,
-            averaged_after_watch=dist_ctx is not None and not self.sharded, scheduler=self.scheduler), self.watch)
-        self.snapshot, self.pinpointer, self.history = self.session.snapshot, self.session.pinpointer, \
-            self.session.history
+        self.open_session(settings.watch, scaler=self.precision.scaler, watch=watch, agreement=self.agreement,
+                          agree_on_errors=True, averaged_after_watch=dist_ctx is not None and not self.sharded,
+                          scheduler=self.scheduler)
+        self.snapshot = self.session.snapshot
         log(f"  snapshot {self.snapshot.describe()}")
         # --checkpoint: the optimizer steps it had made (0: a fresh start); the run's step numbers continue from it
         self.first_step = resume(train, self.model, self.optimizer, self.scheduler, self.scaler, task, log,
@@ -118,28 +120,27 @@ class Trainer:
         with self.precision.autocast():
             return split_loss(self.task.loss(self.wrapped, batch))
 
-    def replay_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def replay_loss(self, batch, tape=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self.precision.autocast():  # the same on the bare module: no DDP collectives, one rank replays alone
             return split_loss(self.task.loss(self.model, batch))
 
-    def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
-        scaled_loss = loss / self.accumulation_steps
-        (self.precision.scale(scaled_loss) if scaled else scaled_loss).backward()
-
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, tape=None) -> None:
         """From accumulated (scaled) gradients, as at the end of a step: unscale, clip, step, schedule."""
-        self.precision.unscale(self.optimizer)
         self.clip_and_step(None)
 
     def average_gradients(self) -> None:
-        if self.dist is not None and not self.sharded:  # (FSDP reduce-scattered them in the replayed backward)
-            average_gradients(self.watch.named_params, self.dist)
-
-    def watch_paused(self):
-        return self.watch.paused()
+        if not self.sharded:  # (FSDP reduce-scattered them in the replayed backward)
+            super().average_gradients()
 
     def clip_and_step(self, grad_norms: list[torch.Tensor] | None) -> None:
         """Clip with the norms the watch already computed (no second pass), then step (the scaler may skip)."""
+        # the optimizer is stepped here, in the loop: the tracer shows an origin in it at torch's own line
+        scaled_step(self.optimizer, self.scaler, lambda: self.clip_gradients(grad_norms))
+        self.step_schedule()
+
+    def clip_gradients(self, grad_norms: list[torch.Tensor] | None = None) -> None:
+        """The recipe's clipping of the true gradients, by their total norm (from `grad_norms` where the watch
+        computed them: exact_grad_norms)."""
         grads = [p.grad for _, p in self.watch.named_params if p.grad is not None]
         grads = locals_of(grads) if self.sharded else grads  # (the watch's norms are the global ones)
         clip = self.recipe.max_grad_norm
@@ -147,9 +148,6 @@ class Trainer:
             norms = grad_norms if grad_norms else torch._foreach_norm(grads)
             total = torch.linalg.vector_norm(torch.stack([n.to(self.device) for n in norms]))
             torch._foreach_mul_(grads, torch.clamp(clip / (total + 1e-6), max=1.0).to(grads[0].device))
-        # the optimizer is stepped here, in the loop: the tracer shows an origin in it at torch's own line
-        scaled_step(self.optimizer, self.scaler)  # (unscaled already: the watch and clipping read true gradients)
-        self.step_schedule()
 
     def step_schedule(self) -> None:
         if self.scheduler is None:

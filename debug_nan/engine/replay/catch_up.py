@@ -18,9 +18,11 @@ the optimizer step is then not replayed, rather than replayed from a state the r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from debug_nan.engine.replay.driver import NotReplayable, StepDriver, StepInputs, optimizer_step, replay_loss
+from debug_nan.engine.replay.driver import NotReplayable, StepDriver, StepInputs
 from debug_nan.engine.replay.snapshot import put_groups, restore_rng
 from debug_nan.engine.stats import move_to
 
@@ -34,15 +36,31 @@ def _apply(hyper: dict | None, optimizer, scheduler) -> None:
         scheduler.load_state_dict(hyper["scheduler"])
 
 
-def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | None:
-    """Restore the snapshot of chain[0] and re-run chain[:-1] -> None when the state reached is chain[-1]'s start
-    (its recorded `fingerprint`), else why not, in words. `fingerprint()`: the watch's reading of the live state,
+@dataclass(frozen=True)
+class Reached:
+    """Whether the state was brought to a step's start (here, and by engine/session/copies.py's StateCopies.at):
+    `ok`, else `why` not, in words."""
+
+    ok: bool
+    why: str = ""
+
+
+REACHED = Reached(True)
+
+
+def missed(why: str) -> Reached:
+    return Reached(False, why)
+
+
+def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> Reached:
+    """Restore the snapshot of chain[0] and re-run chain[:-1] -> REACHED when the state reached is chain[-1]'s
+    start (its recorded `fingerprint`), else why not. `fingerprint()`: the watch's reading of the live state,
     (names, values). The caller saves the state reached; on failure the live state is left as the re-run left it
     (the caller restores what it needs)."""
     target = chain[-1]
     if target.fingerprint is None:
-        return (f"the state at the start of step {target.step} was never read by the watch, so a re-run to it "
-                f"could not be checked")
+        return missed(f"the state at the start of step {target.step} was never read by the watch, so a re-run to "
+                      f"it could not be checked")
     d, snapshot = driver, chain[0].snapshot
     scheduler = snapshot.scheduler
     snapshot.restore()
@@ -52,25 +70,26 @@ def catch_up(driver: StepDriver, chain: list[StepInputs], fingerprint) -> str | 
                 _apply(inputs.hyper, d.optimizer, scheduler)
                 for i, batch in enumerate(inputs.batches):
                     restore_rng(inputs.rng[i], d.device)
-                    loss, _ = replay_loss(d, move_to(batch, d.device, copy=True), inputs.tape(i))
+                    loss, _ = d.replay_loss(move_to(batch, d.device, copy=True), inputs.tape(i))
                     d.backward(loss)
                 d.average_gradients()
                 if inputs.step_groups is not None:
                     put_groups(d.optimizer, inputs.step_groups)
-                optimizer_step(d, inputs.update)
+                d.optimizer_step(inputs.update)
                 if d.optimizer is not None:
                     d.optimizer.zero_grad(set_to_none=True)
         except NotReplayable as why:
-            return f"the steps since the copy taken at step {chain[0].step} cannot be re-run: {why}"
+            return missed(f"the steps since the copy taken at step {chain[0].step} cannot be re-run: {why}")
         _apply(target.hyper, d.optimizer, scheduler)
     names, values = fingerprint()
     want_names, want = target.fingerprint
     if names != want_names or not np.array_equal(values, want):
         differs = ", ".join([n for n, a, b in zip(names, values, want) if a != b][:3]) or "its tensors differ"
-        return (f"re-running steps {chain[0].step}..{target.step - 1} from the copy taken at step {chain[0].step} "
-                f"did not reproduce the watch's reading of the run's state at step {target.step} ({differs}): the "
-                f"steps are not deterministic, or the update does more than the optimizer step the replay knows")
-    return None
+        return missed(f"re-running steps {chain[0].step}..{target.step - 1} from the copy taken at step "
+                      f"{chain[0].step} did not reproduce the watch's reading of the run's state at step "
+                      f"{target.step} ({differs}): the steps are not deterministic, or the update does more than the "
+                      f"optimizer step the replay knows")
+    return REACHED
 
 
-__all__ = ["catch_up"]
+__all__ = ["REACHED", "Reached", "catch_up", "missed"]

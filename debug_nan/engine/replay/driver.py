@@ -1,8 +1,9 @@
 """The seam between running training steps and replaying one.
 
-Whoever runs the steps (the CLI's `Trainer`, the API's `Monitor`) is a `StepDriver`: the pinpointer restores a
-`Snapshot`, re-runs micro-batches with their RNG state and replays the failing one only through the methods
-declared here, so both drivers share one replay and neither exposes its internals.
+Whoever runs the steps (every entry point: drivers/session_driver.py's `SessionDriver`) is a `StepDriver`: the
+pinpointer restores a `Snapshot`, re-runs micro-batches with their RNG state and replays the failing one only
+through the methods declared here, so every driver shares one replay and none exposes its internals. Each takes
+the recorded `tape` alike: `debug-nan run` replays it, a driver that calls its own loss code again ignores it.
 """
 
 from __future__ import annotations
@@ -55,17 +56,6 @@ class StepInputs:
         return self.tapes[index] if index < len(self.tapes) else None
 
 
-def replay_loss(driver, batch, tape=None):
-    """driver.replay_loss(batch), given the micro-batch's tape where it has one (`debug-nan run`): a driver that
-    calls its own loss code is asked as the protocol first had it, with the batch alone."""
-    return driver.replay_loss(batch) if tape is None else driver.replay_loss(batch, tape)
-
-
-def optimizer_step(driver, tape=None) -> None:
-    """driver.optimizer_step(), given the update's tape where it has one (see replay_loss)."""
-    driver.optimizer_step() if tape is None else driver.optimizer_step(tape)
-
-
 @runtime_checkable
 class StepDriver(Protocol):
     """What the pinpointer needs from whoever runs the training steps."""
@@ -85,14 +75,14 @@ class StepDriver(Protocol):
     def replay_loss(self, batch, tape=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The task's loss on the bare module (no DDP collectives: one rank replays alone), as the run computes
         it (autocast included) -> (scalar loss, other logged scalars). `tape`: StepInputs.tape() of this
-        micro-batch, for a driver that replays recorded code."""
+        micro-batch (None where nothing was recorded), which a driver that calls its own loss code ignores."""
 
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         """Backward of loss / accumulation_steps, times the fp16 loss scale when `scaled` (as in the run)."""
 
     def optimizer_step(self, tape=None) -> None:
         """The optimizer step exactly as the run takes it, from accumulated gradients: unscale (fp16), clip,
-        step, schedule. `tape`: StepInputs.update, for a driver that replays recorded code."""
+        step, schedule. `tape`: StepInputs.update (None where nothing was recorded), as for replay_loss."""
 
     def average_gradients(self) -> None:
         """Under DDP, average the gradients across the ranks as the run does (every rank takes part);

@@ -30,8 +30,6 @@ from debug_nan.engine.replay.driver import (
     StepInputs,
     TaskFailure,
     is_out_of_memory,
-    optimizer_step,
-    replay_loss,
 )
 from debug_nan.engine.replay.live import LiveTrace
 from debug_nan.engine.replay.snapshot import capture_rng, put_groups, restore_rng
@@ -75,7 +73,7 @@ class Pinpointer:
         inputs.snapshot.restore()
         for i in range(count):
             restore_rng(inputs.rng[i], d.device)
-            loss, _ = replay_loss(d, self._batch(inputs, i), inputs.tape(i))
+            loss, _ = d.replay_loss(self._batch(inputs, i), inputs.tape(i))
             d.backward(loss, scaled=scaled)
 
     def replay(self, inputs: StepInputs, micro: int, optimizer: bool = False, trace: bool = True):
@@ -112,13 +110,13 @@ class Pinpointer:
                                        if d.optimizer is not None else None)
                         for name, t in param_and_state_tensors(d.model.named_parameters(), d.optimizer):
                             tracer.mark(local(t), name, "optimizer")
-                        optimizer_step(d, inputs.update)
+                        d.optimizer_step(inputs.update)
                         harmed = [local(t) for _, t in param_and_state_tensors(d.model.named_parameters(),
                                                                                d.optimizer)]
                     else:
                         for path, t in flat_tensors(batch):
                             tracer.mark(t, path, "data")
-                        loss, parts = replay_loss(d, batch, inputs.tape(micro - 1))
+                        loss, parts = d.replay_loss(batch, inputs.tape(micro - 1))
                         harmed = [loss, *parts.values()]
                         read = loss
                         self.facts.loss_harmed = tracer.origin_of(harmed) is not None
@@ -182,14 +180,14 @@ class Pinpointer:
             with d.watch_paused():
                 for i in range(micro - 1):  # the buffers as the earlier micro-batches left them (forward only)
                     restore_rng(inputs.rng[i], d.device)
-                    replay_loss(d, self._batch(inputs, i), inputs.tape(i))
+                    d.replay_loss(self._batch(inputs, i), inputs.tape(i))
                 restore_rng(inputs.rng[micro - 1], d.device)
                 batch = self._batch(inputs, micro - 1)
                 with Tracer(d.model, poisoned=self.writers.names) as tracer:
                     for path, t in flat_tensors(batch):
                         tracer.mark(t, path, "data")
                     try:
-                        replay_loss(d, batch, inputs.tape(micro - 1))
+                        d.replay_loss(batch, inputs.tape(micro - 1))
                     except Exception as exc:  # the run's own micro-batch raised nothing
                         if is_out_of_memory(exc):
                             raise

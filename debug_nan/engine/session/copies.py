@@ -23,7 +23,7 @@ import math
 import time
 from contextlib import contextmanager
 
-from debug_nan.engine.replay.catch_up import catch_up
+from debug_nan.engine.replay.catch_up import REACHED, Reached, catch_up, missed
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng, restore_rng, schedule_state
 from debug_nan.engine.vocabulary import CheckKind
@@ -45,7 +45,7 @@ class StateCopies:
         self.current: StepInputs | None = None
         self.updated = False  # the current step took its optimizer step
         self._read: tuple | None = None  # the watch's last reading of the parameters and optimizer state
-        self._failed: dict[int, str] = {}  # step -> why its start could not be reached (not re-run twice)
+        self._failed: dict[int, Reached] = {}  # step -> why its start could not be reached (not re-run twice)
         self._began: float | None = None
         self._step_seconds: float | None = None
 
@@ -98,33 +98,34 @@ class StateCopies:
                      f"since (checked against the watch's reading of the run's state)")
         self.every = every
 
-    def at(self, inputs: StepInputs) -> str | None:
-        """Make the copy hold the start of `inputs.step` -> None, or why it cannot (in words)."""
+    def at(self, inputs: StepInputs) -> Reached:
+        """Make the copy hold the start of `inputs.step` -> REACHED, or why it cannot."""
         if not self.snapshot.kept:
-            return "no snapshot is kept"
+            return missed("no snapshot is kept")
         if self.saved is inputs:
-            return None
+            return REACHED
         if inputs is self.current and not self.updated:
             self._copy()
-            return None
+            return REACHED
         if not self.snapshot.keeps_optimizer:  # a re-run would move the optimizer state the copy does not hold
-            return "no copy of the optimizer state (--snapshot params) to re-run the steps since the copy from"
+            return missed("no copy of the optimizer state (--snapshot params) to re-run the steps since the copy "
+                          "from")
         chain = [self.saved, *self.since] if self.saved is not None else []
         if inputs not in chain:
-            return f"no copy of the state before step {inputs.step} is left"
+            return missed(f"no copy of the state before step {inputs.step} is left")
         if inputs.step in self._failed:
             return self._failed[inputs.step]
         chain = chain[:chain.index(inputs) + 1]
         self.log(f"  [snapshot] re-running steps {chain[0].step}..{inputs.step - 1} from the copy taken at step "
                  f"{chain[0].step}, to the state before step {inputs.step}")
-        why = catch_up(self.driver, chain, self.watch.read_state)
-        if why is not None:
-            self._failed[inputs.step] = why
-            return why
+        reached = catch_up(self.driver, chain, self.watch.read_state)
+        if not reached.ok:
+            self._failed[inputs.step] = reached
+            return reached
         self.snapshot.save(live_buffers=True)
         self.since = self.since[self.since.index(inputs) + 1:]
         self.saved = inputs
-        return None
+        return REACHED
 
     def forget(self) -> None:
         """The live state left the recorded sequence (--keep-going undid an update): the next step copies anew."""

@@ -228,7 +228,7 @@ class StepSession:
         outcome = None
         try:
             if replays and not o.harmed:  # FSDP: its replay takes part in the tripping ranks' collectives
-                if self.copies.at(o.inputs) is None:  # (a replay needs the copy of this step, as theirs does)
+                if self.copies.at(o.inputs).ok:  # (a replay needs the copy of this step, as theirs does)
                     self.pinpointer.take_part(o.inputs, o.micro)
             else:
                 outcome = self.pinpoint(o, traces) if replays else None
@@ -292,8 +292,8 @@ class StepSession:
         kind = trip.check.kind if trip.check is not None else None
         replayable = snap.kept and kind != CheckKind.DATA and (not trip.optimizer or snap.keeps_optimizer)
         try:
-            why = self.copies.at(trip.inputs) if replayable and not (trip.optimizer and self.sharded) else \
-                SHARDED_UPDATE if replayable else None  # (for an update: a re-run, maybe)
+            why = (SHARDED_UPDATE if trip.optimizer and self.sharded else self.copies.at(trip.inputs).why) \
+                if replayable else ""  # (for an update: a re-run, maybe)
             if (kind != CheckKind.DATA and not replayable) or why:
                 finding = unreplayed_finding(trip, self.model, self.log, snap.kept, why)
             else:
@@ -315,7 +315,7 @@ class StepSession:
         trip = o.trip
         optimizer = trip is not None and trip.optimizer and finding.phase == Phase.OPTIMIZER
         inputs, micro = (trip.inputs, trip.micro) if optimizer else (o.inputs, o.micro)
-        if self.copies.at(inputs) is not None:  # (no snapshot kept, or a re-run to it that failed)
+        if not self.copies.at(inputs).ok:  # (no snapshot kept, or a re-run to it that failed)
             return
         try:
             finding.bundle = self.p.bundle_sink(repro_state(self.driver, inputs, micro, finding, o.check, optimizer))
@@ -357,7 +357,7 @@ class StepSession:
         pinpoint brought the copy there; any other trip is mid-step, where the live state is that start, copied
         now unless the pinpoint did) -> whether the copy holds it."""
         target = self._trip_target or self.inputs
-        if target is None or self.copies.at(target) is not None:
+        if target is None or not self.copies.at(target).ok:
             return False
         self.snapshot.restore()
         return True

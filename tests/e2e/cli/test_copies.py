@@ -7,6 +7,7 @@ finding. (The copies' own mechanics, on the Monitor and by hand: tests/unit/engi
 
 import pytest
 
+from debug_nan.engine.replay.catch_up import missed
 from tests.e2e.cli.test_state_bugs import task
 from tests.support.frameworks import parity
 
@@ -69,7 +70,7 @@ def test_without_an_optimizer_copy_nothing_is_re_run(run_cli):
 
 
 def _refuse(*_args, **_kwargs):
-    return "a re-run that did not reproduce the run (refused by the test)"
+    return missed("a re-run that did not reproduce the run (refused by the test)")
 
 
 def test_keep_going_stops_where_the_state_before_the_update_cannot_be_rebuilt(run_cli, monkeypatch):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from debug_nan.drivers.recipe import build_recipe, enter_training_mode
-from debug_nan.drivers.task import Task, eager_module
+from debug_nan.drivers.task import Task
 from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.replay.driver import StepDriver
 from debug_nan.errors import InputError
@@ -86,10 +86,6 @@ def test_a_model_handed_over_in_eval_mode_is_put_in_training_mode():
     assert enter_training_mode(model) == [] and all(m.training for m in model.modules())
 
 
-def test_a_compiled_model_is_unwrapped():
-    inner = nn.Linear(2, 1)
-    assert eager_module(torch.compile(inner)) == (inner, True)
-    assert eager_module(inner) == (inner, False)
 
 
 def test_the_trainer_is_a_step_driver_and_never_calls_train_per_forward():

@@ -49,15 +49,18 @@ def test_an_error_of_a_torch_call_the_recorder_passed_on_is_the_callers():
     """The recorder of `debug-nan run` sits on the stack of every torch call the script makes: an error of that
     call is the script's (None), one of debug-nan's own code names debug-nan's frame."""
     from debug_nan.drivers.run.recorder import Recorder
+    from debug_nan.drivers.run.tape import Tape
     from debug_nan.frames import raising_tool_frame
 
     recorder = Recorder()
     recorder.install()
+    recorder.tape = Tape()  # (a micro-batch's tape open: the recorder on the stack, as between forward and backward)
     try:
         torch.nn.functional.cross_entropy(torch.zeros(2, 3), torch.tensor([0, 7]))
     except IndexError as exc:
         script_error = exc
     finally:
+        recorder.tape = None
         recorder.uninstall()
     files = [f.filename for f in traceback.extract_tb(script_error.__traceback__)]
     assert any(f.endswith(os.path.join("drivers", "run", "recorder.py")) for f in files)  # it was on the stack

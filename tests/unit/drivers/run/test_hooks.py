@@ -76,7 +76,7 @@ def test_accumulation_a_micro_batch_is_a_backward_a_step_an_optimizer_step(hooks
         ("step_begin", 1), ("step_end", 1, False),
         ("micro", 2, 1, (2, 3)), ("backward", 2, 1), ("micro", 2, 2, (3, 3)), ("backward", 2, 2),
         ("step_begin", 2), ("step_end", 2, False), ("eval", 2, (4, 3)), ("eval end", (4, 1))]
-    assert h.root is model
+    assert h.state.root is model
 
 
 def test_a_closure_runs_the_micro_batch_inside_the_optimizer_step(hooks):
@@ -116,7 +116,8 @@ def test_two_optimizers_are_both_watched_and_back_to_back_steps_are_one(hooks):
     d(g(torch.ones(2))).sum().backward()
     og.step()
     od.step()
-    assert h.failure is None and [n for n, _ in h.models.named_children()] == ["linear0", "linear1"]  # (not __main__)
+    # (named as the script's variables, not __main__)
+    assert h.failure is None and [n for n, _ in h.state.models.named_children()] == ["linear0", "linear1"]
     assert [e for e in events if e[0] == "step_end"] == []  # (another optimizer could still join the step)
     d(torch.ones(2)).sum().backward()
     od.step()
@@ -136,8 +137,51 @@ def test_a_replacing_optimizer_is_followed_and_two_that_both_step_are_refused(ho
     second = torch.optim.Adam(model.parameters(), lr=0.01)
     model(torch.ones(2, 3)).sum().backward()
     second.step()
-    assert ("follow", "Adam") in events and h.optimizer is second and events[-1] == ("step_end", 2, False)
+    assert ("follow", "Adam") in events and h.state.optimizer is second and events[-1] == ("step_end", 2, False)
     model(torch.ones(2, 3)).sum().backward()
     with pytest.raises(RunStopped):
         first.step()
     assert "the script steps an optimizer debug-nan run does not watch (SGD) beside the Adam" in str(h.failure)
+
+
+def test_the_listener_protocol_declares_every_event_the_hooks_send_and_the_watch_takes_them_all():
+    import inspect
+    import re
+
+    from debug_nan.app.run_watch import Watch
+    from debug_nan.drivers.run import hooks as hooks_module
+    from debug_nan.drivers.run import optimizers
+    from debug_nan.drivers.run.hooks import Listener
+
+    sent = set(re.findall(r"listener\.(\w+)\(", inspect.getsource(hooks_module) + inspect.getsource(optimizers)))
+    declared = {name for name, value in vars(Listener).items() if callable(value) and not name.startswith("_")}
+    assert "follow" in sent and "forwards_given_up" in sent
+    assert sent == declared
+    for listener in (Watch, Recorder):
+        assert all(callable(getattr(listener, name, None)) for name in declared), listener
+
+
+def test_the_micro_batchs_phase_is_one_named_state_and_a_backward_that_raised_leaves_it_open(hooks):
+    from debug_nan.drivers.run.hook_state import Micro
+
+    h, _ = hooks
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    assert h.state.phase is Micro.CLOSED
+    out = model(torch.ones(2, 3))
+    assert (h.state.phase, h.state.open, h.state.step, h.state.micro) == (Micro.FORWARD, True, 1, 1)
+    out.register_hook(lambda grad: seen.append(h.state.phase))
+    out.sum().backward()
+    assert seen == [Micro.BACKWARD] and h.state.phase is Micro.CLOSED and not h.state.open
+    optimizer.step()
+    assert (h.state.step, h.state.micro, h.state.stepped_this_step) == (2, 0, True)
+
+    def fail(grad):
+        raise ValueError("the script's own check")
+
+    out = model(torch.ones(2, 3))
+    out.register_hook(fail)
+    with pytest.raises(ValueError):
+        out.sum().backward()
+    assert h.state.phase is Micro.FORWARD and h.state.micro == 1  # (the run's end replays that micro-batch)

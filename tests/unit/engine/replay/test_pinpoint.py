@@ -29,13 +29,13 @@ class PlainDriver:
     def log(self, line="", colour=None):
         self.lines.append(line)
 
-    def replay_loss(self, batch):
+    def replay_loss(self, batch, tape=None):
         return self.loss_fn(self.model, batch), {}
 
     def backward(self, loss, scaled=True):
         loss.backward()
 
-    def optimizer_step(self):
+    def optimizer_step(self, tape=None):
         self.optimizer.step()
 
     def average_gradients(self):

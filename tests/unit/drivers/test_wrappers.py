@@ -4,7 +4,7 @@ import inspect
 
 import torch
 
-from debug_nan.drivers.run.wrappers import step_location, wraps
+from debug_nan.drivers.wrappers import bare, inner, step_location, unwrapped, wraps
 
 
 class Wrapper:
@@ -59,3 +59,19 @@ def test_a_scheduler_built_on_a_wrapper_belongs_to_the_optimizer():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
     assert wraps(Wrapper(Wrapper(optimizer)), optimizer) and wraps(optimizer, optimizer)
     assert not wraps(Wrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)), optimizer)
+
+
+def test_the_users_module_is_found_inside_ddp_dataparallel_and_compile():
+    model = torch.nn.Linear(2, 1)
+    assert unwrapped(torch.compile(model)) == (model, True)
+    assert unwrapped(torch.nn.DataParallel(torch.compile(model))) == (model, True)
+    assert unwrapped(torch.nn.DataParallel(model)) == (model, False)
+    assert bare(model) is model and bare(torch.compile(torch.nn.DataParallel(model))) is model
+
+
+def test_the_torch_optimizer_and_scheduler_are_found_inside_their_wrappers():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    assert inner(Wrapper(Wrapper(optimizer))) is optimizer and inner(optimizer) is optimizer
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    held = type("AcceleratedScheduler", (), {"scheduler": scheduler})()
+    assert inner(held, "scheduler") is scheduler and inner(None, "scheduler") is None
