@@ -144,7 +144,8 @@ def build_trainer(args) -> tuple[Trainer, object, dict]:
         # synthetic data: the default ./data of an empty folder (an explicit --data-dir must exist)
         with tempfile.TemporaryDirectory() as empty, chdir(empty):
             task = build_aam_task(settings.aam, settings.train, quiet)
-        desc = {"file": Path(args.config).name, **{k: getattr(settings, k) for k in (
+        flat = settings.to_dict()  # (the settings' flat record: the keys by their option names)
+        desc = {"file": Path(args.config).name, **{k: flat[k] for k in (
             "token_limit", "batch_size", "d_model", "heads", "asv_layers", "sample_layers", "encoder_layers",
             "precision")}}
     else:

@@ -58,12 +58,14 @@ def test_version():
 def test_help_is_grouped_and_describes_the_task_interface():
     out = CliRunner().invoke(main, ["--help"], terminal_width=100).output
     titles = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert titles == ["General options:", "AAM pipeline options (the built-in model and data; a --task may read "
-                      "them):", "Output options:", "Distributed (torchrun):", "Your own model: --task:",
-                      "Commands:"]
-    general, aam = out.split("General options:")[1].split("AAM pipeline options")
+    assert titles == ["General options:", "Training options:", "Check options (the watch, the snapshot, the "
+                      "replay):", "AAM pipeline options (the built-in model and data; a --task may read them):",
+                      "Output options:", "Distributed (torchrun):", "Your own model: --task:", "Commands:"]
+    training = out.split("Training options:")[1].split("Check options")[0]
+    checks, aam = out.split("Check options")[1].split("AAM pipeline options")
     aam, outputs = aam.split("Output options:")
-    assert "--lr" in general and "--token-limit" not in general and "--guards / --no-guards" in aam
+    assert "--lr" in training and "--token-limit" not in training and "--guards / --no-guards" in aam
+    assert "--keep-going" in checks and "--lr" not in checks
     assert "--tensorboard DIRECTORY" in outputs and "--history [compact|full]" in outputs
     assert "loss(model, batch)" in out and "torchrun --nproc_per_node" in out
     assert max(len(line) for line in out.splitlines()) <= 100
