@@ -120,10 +120,7 @@ class DebugNaNCallback(FrameworkCallback, pl.Callback):
             self.outputs, device=pl_module.device, optimizer=trainer.optimizers[0],
             accumulation=trainer.accumulate_grad_batches, precision=PRECISIONS.get(str(trainer.precision), "fp32"),
             max_grad_norm=trainer.gradient_clip_val if trainer.gradient_clip_algorithm == "norm" else None,
-            max_steps=trainer.max_steps, seed=_seed(),
-            explosion_threshold=self.explosion[0], explosion_growth=self.explosion[1],
-            snapshot_every=self.snapshot_every,
-            outputs_every=self.outputs_every)
+            max_steps=trainer.max_steps, seed=_seed())
         self.driver = LightningDriver(trainer, pl_module, settings, log, self.outputs.bundle_dir)
         # validation_step's forwards (and the sanity check's): the module's and its children's with parameters
         modules = [pl_module, *(c for c in pl_module.children() if next(c.parameters(), None) is not None)]
