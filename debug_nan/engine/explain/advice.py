@@ -93,8 +93,7 @@ def largest_parameter(model: nn.Module, event=None) -> tuple[str, float] | None:
     named = [(n, p) for n, p in named if p.numel() and _storage(p) is not None]
     if not named:
         return None
-    with torch.no_grad():
-        sizes = [(n, float(torch.nan_to_num(p.detach().abs(), nan=0.0, posinf=0.0).max())) for n, p in named]
+    sizes = [(n, _largest_finite(p)) for n, p in named]
     largest = max(sizes, key=lambda kv: kv[1])
     read = {_storage(t) for _, t in getattr(event, "inputs", []) if t.numel()}
     ptrs = {n: _storage(p) for n, p in named}
@@ -102,6 +101,12 @@ def largest_parameter(model: nn.Module, event=None) -> tuple[str, float] | None:
     own_largest = max(own, key=lambda kv: kv[1]) if own else None
     # the op's own weight where it is of the model's largest order, else the largest (the embedding that fed it)
     return own_largest if own_largest is not None and own_largest[1] >= 0.1 * largest[1] else largest
+
+
+def _largest_finite(t: torch.Tensor) -> float:
+    """The largest finite |value| of `t` (NaN and Inf read as 0), one host read."""
+    with torch.no_grad():
+        return float(torch.nan_to_num(t.detach().abs(), nan=0.0, posinf=0.0).max())
 
 
 def _storage(t: torch.Tensor) -> int | None:
@@ -168,8 +173,7 @@ def _grown_input(event) -> tuple[str, float] | None:
     for name, t in getattr(event, "inputs", None) or []:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.numel():
             continue
-        with torch.no_grad():
-            value = float(torch.nan_to_num(t.detach().abs(), nan=0.0, posinf=0.0).max())
+        value = _largest_finite(t)
         if value >= GROWN and (best is None or value > best[1]):
             best = (name, value)
     return best
