@@ -94,30 +94,23 @@ def _program(words: list[str]) -> Command | None:
     if first.endswith(".py") or _runnable_folder(first) or _entry_point(name) is not None and not os.path.isfile(first):
         return None
     if os.path.isfile(first):
-        shebang = _shebang(first)
-        if shebang:
+        head = _head(first)
+        if head.startswith(b"#!"):
+            shebang = head.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
             return None if "python" in shebang else _as_program(words)
-        return _as_program(words) if _is_binary(first) else None  # (a text file without one: Python's to run)
+        # machine code (ELF, Mach-O: a null byte in its first 512 bytes), which Python would refuse as a script
+        # (`debug-nan run -- /bin/true`); a text file without a shebang is Python's to run
+        return _as_program(words) if b"\0" in head else None
     return _as_program(words)
 
 
-def _is_binary(path: str) -> bool:
-    """An executable file of machine code (ELF, Mach-O, ...: a null byte in its first 512 bytes), which Python
-    would refuse as a script: `debug-nan run -- /bin/true`, a compiled launcher given by its path."""
+def _head(path: str) -> bytes:
+    """The file's first 512 bytes (b"" where it cannot be read)."""
     try:
         with open(path, "rb") as handle:
-            return b"\0" in handle.read(512)
+            return handle.read(512)
     except OSError:
-        return False
-
-
-def _shebang(path: str) -> str:
-    try:
-        with open(path, "rb") as handle:
-            head = handle.readline(200)
-    except OSError:
-        return ""
-    return head.decode("utf-8", "replace").strip() if head.startswith(b"#!") else ""
+        return b""
 
 
 def _as_program(words: list[str]) -> Command:
