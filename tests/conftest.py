@@ -6,6 +6,7 @@ what both import lives in tests/support."""
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +14,6 @@ import pytest
 
 from debug_nan.aam.data.synthetic import synthesize
 from tests.support import REPO, SUPPORT
-from tests.support.warm import python
 
 TINY = str(REPO / "configs" / "tiny.toml")
 SCENARIOS = SUPPORT / "scenarios.py"
@@ -82,6 +82,6 @@ def tiny_data():
 
 def run_process(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process."""
-    command = [python(), "-m", "debug_nan", *args]  # (first: python() may add to os.environ)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "debug_nan", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -24,7 +24,6 @@ import pytest
 from click.testing import CliRunner
 
 from debug_nan.app.cli import main
-from tests.support import warm
 
 HERE = Path(__file__).resolve().parent
 PROCESS_FOLDERS = ("ddp", "process", "scripts")  # every test there starts processes: they are its subject
@@ -57,12 +56,6 @@ def _in_process_layer(request, monkeypatch):
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _warm_interpreter():
-    """Started before any test copies os.environ for a process of its own: the copy then holds the variables
-    that make its Python processes, and torchrun's ranks, come from the warm interpreter (tests/support/warm)."""
-    warm.python()
 
 
 class Run:

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -13,7 +14,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from tests.conftest import REPO
-from tests.support.warm import python
 
 SCRIPT = SUPPORT / "frameworks" / "hf_ddp.py"
 
@@ -23,7 +23,7 @@ def test_nan_on_rank_1_stops_both_ranks_and_names_rank_1(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([python(), "-m", "torch.distributed.run", "--nproc_per_node=2",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                            f"--master_port={port}", "--master_addr=127.0.0.1", str(SCRIPT), str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

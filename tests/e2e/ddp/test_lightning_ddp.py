@@ -5,6 +5,7 @@ test_run_ddp.py and the CUDA tests of test_run_sharded_frameworks.py; one Lightn
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +15,6 @@ pytest.importorskip("lightning.pytorch")
 
 from tests.conftest import REPO
 from tests.support.ports import reserved_port
-from tests.support.warm import python
 
 SCRIPT = SUPPORT / "frameworks" / "lightning_ddp.py"
 
@@ -23,7 +23,7 @@ def run(case: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
     with reserved_port() as port:  # Lightning's launcher takes MASTER_PORT when set (tests/support/ports.py)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                    PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        proc = subprocess.run([python(), str(SCRIPT), case, str(tmp_path)], cwd=tmp_path, env=env,
+        proc = subprocess.run([sys.executable, str(SCRIPT), case, str(tmp_path)], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=240)
     report = tmp_path / "r.json"
     return proc, json.loads(report.read_text()) if report.is_file() else {}

@@ -9,13 +9,13 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import REPO, SUPPORT
 from tests.support.ports import reserved_port
-from tests.support.warm import python
 
 HERE = SUPPORT / "run"
 SCRIPT = str(HERE / "ddp_script.py")
@@ -30,7 +30,7 @@ def env() -> dict:
 
 def torchrun(*args: str, cwd: Path, timeout: int = 240, nproc: int = 2) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=NPROC ARGS` in `cwd`, its ranks in the environment above."""
-    command = [python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(command, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -42,7 +42,7 @@ def ranks(*args: str, cwd: Path) -> list[subprocess.CompletedProcess]:
 
 
 def _ranks(args, cwd: Path, port: int) -> list[subprocess.CompletedProcess]:
-    procs = [subprocess.Popen([python(), "-m", "debug_nan", *args], cwd=cwd, text=True,
+    procs = [subprocess.Popen([sys.executable, "-m", "debug_nan", *args], cwd=cwd, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=dict(env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
@@ -58,6 +58,16 @@ def _ranks(args, cwd: Path, port: int) -> list[subprocess.CompletedProcess]:
                 p.kill()
                 p.wait()
     return done
+
+
+def joined(done: list[subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
+    """The ranks' processes as one job's, as a launcher's: the first non-zero exit code (else 0), the ranks' stdout
+    and stderr one after the other, rank 0's first; each rank's own code in `.codes`."""
+    code = next((d.returncode for d in done if d.returncode != 0), 0)
+    job = subprocess.CompletedProcess([d.args for d in done], code, "".join(d.stdout for d in done),
+                                      "".join(d.stderr for d in done))
+    job.codes = [d.returncode for d in done]
+    return job
 
 
 def watched(tmp_path, *args: str) -> tuple[list[subprocess.CompletedProcess], dict]:

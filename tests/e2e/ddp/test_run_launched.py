@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, SUPPORT
+from tests.e2e.ddp import test_run_ddp
+from tests.support import SUPPORT
 from tests.support.once import once
 from tests.support.ports import reserved_port
 
@@ -26,11 +27,8 @@ EVAL = dict(step=2, micro_step=1, phase="eval", module="attn", op="aten._softmax
 
 
 def env(**extra) -> dict:
-    """Real interpreters all the way down: the launchers start their workers with this Python (PYTHON_EXEC, which
-    torchrun honours, is dropped wherever the suite set it)."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    base = {k: v for k, v in os.environ.items() if k != "PYTHON_EXEC"}
-    return dict(base, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=path, **extra)
+    """The ranks' environment of tests/e2e/ddp/test_run_ddp.py, with EXTRA."""
+    return dict(test_run_ddp.env(), **extra)
 
 
 def run(words: list[str], cwd: Path, **extra) -> subprocess.CompletedProcess:

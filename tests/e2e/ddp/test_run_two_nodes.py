@@ -6,17 +6,17 @@ one corrupt value at step 3, each node watched its own way in the same job:
     ...`, the rank watched through the start-up hook, and that node's top debug-nan gives its node's one answer.
 Every rank stops together with exit 1 (each node's command reports it); global rank 0 writes run.json, and node 1's
 top, which holds no rank 0, writes its answer beside it (run.rank1.json) rather than over it: both name global rank
-1, and node 1's summary does not take rank 0 (on the other node) for a rank that left."""
+1, and node 1's summary does not take rank 0 (on the other node) for a rank that left. (The same job is the test of
+one corrupt value in an FSDP2 rank's batch: rank 1's forward overflows, rank 0's loss stays finite, its gradients
+go NaN through FSDP's reduce-scatter, every rank replays and rank 1's replay names the op.)"""
 
 import json
 import subprocess
 import sys
 
 from tests.e2e.ddp.test_run_ddp import env
-from tests.e2e.ddp.test_run_launched import env as real_env
 from tests.support import SUPPORT
 from tests.support.ports import reserved_port
-from tests.support.warm import python
 
 SCRIPT = str(SUPPORT / "run" / "shard_script.py")
 ARGS = ["--", SCRIPT, "--shard", "fsdp2", "--bug", "corrupt"]
@@ -36,12 +36,12 @@ def where(report: dict) -> tuple:
 
 def test_two_nodes_stop_together_and_each_names_the_global_rank(tmp_path):
     with reserved_port() as port:
-        nodes = [  # node 1: real interpreters all the way down (the hook loads at interpreter start-up)
-            subprocess.Popen([python(), *node(0, port), "-m", "debug_nan", "run", "--report", "run.json", *ARGS],
+        nodes = [
+            subprocess.Popen([sys.executable, *node(0, port), "-m", "debug_nan", "run", "--report", "run.json", *ARGS],
                              cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
             subprocess.Popen([sys.executable, "-m", "debug_nan", "run", "--report", "run.json", "--", sys.executable,
                               *node(1, port), *ARGS[1:]],
-                             cwd=tmp_path, env=real_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+                             cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         try:
             outputs = [p.communicate(timeout=300) for p in nodes]
             done = [(p.returncode, out, err) for p, (out, err) in zip(nodes, outputs)]
@@ -53,9 +53,10 @@ def test_two_nodes_stop_together_and_each_names_the_global_rank(tmp_path):
     (_, out0, err0), (_, out1, err1) = done
     assert out0 == "step 1 loss 1.752029\nstep 2 loss 1.431535\n" and out1 == ""  # global rank 0 prints the lines
     assert "rank 1 (first to see it: rank(s) 1)" in err0
+    assert "every rank replays with them (the model is sharded)" in err0
     data = json.loads((tmp_path / "run.json").read_text())
     assert (data["status"], data["integration"]["world_size"]) == ("nonfinite", 2)
-    assert where(data) == WHERE
+    assert where(data) == WHERE and data["first_nonfinite"]["cause"] == "overflow"
     # node 1's top: one summary, last on screen, naming global rank 1; its report beside rank 0's
     assert err1.count("=== SUMMARY ===") == 1 and "Traceback" not in err1[err1.index("=== SUMMARY ==="):]
     said = " ".join(err1[err1.index("=== SUMMARY ==="):].split())

@@ -28,6 +28,7 @@ The expected values, from first principles:
 import itertools
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,6 @@ import debug_nan  # noqa: E402
 from debug_nan.app.cli import main  # noqa: E402
 from tests.e2e.ddp.test_run_ddp import env  # noqa: E402
 from tests.support.frameworks import parity  # noqa: E402
-from tests.support.warm import python  # noqa: E402
 
 FRAMEWORK_PACKAGES = {"lightning": ("lightning.pytorch",), "hf": ("accelerate",)}
 
@@ -191,7 +191,7 @@ def via_fsdp2(name, run_cli, tmp_path):
     the same micro-batch, so both are first to see it; the rank named is one whose own replay named the op."""
     report = tmp_path / "run.json"
     script = str(Path(parity.__file__).with_name("parity_script.py"))
-    done = subprocess.run([python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "-m", "debug_nan", "run", "--report", str(report), "--", script, "fsdp2", name,
                            str(tmp_path / "out")], cwd=tmp_path, env=env(), capture_output=True, text=True,
                           timeout=300)

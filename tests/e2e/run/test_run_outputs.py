@@ -6,12 +6,12 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from tests.support.run.side_by_side import TRAIN, env
 from tests.support.tensorboard import read_back, values
-from tests.support.warm import python
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # TRAIN whose third step's loss is multiplied by a NaN: a loss-phase finding at step 3
@@ -112,7 +112,7 @@ def full_disk(tmp_path):
 def test_a_report_on_a_full_file_system_exits_2(tmp_path, full_disk, train_alone):
     (tmp_path / "train.py").write_text(TRAIN)
     report = full_disk / "run.json"
-    done = subprocess.run([python(), "-m", "debug_nan", "run", "--report", str(report), "--", "python",
+    done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--report", str(report), "--", "python",
                            "train.py"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stdout == train_alone.stdout

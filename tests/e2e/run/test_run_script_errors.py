@@ -4,11 +4,11 @@ exits as plain Python does (1), and is never called a bug of debug-nan's, wherev
 on the stack. A script that replaces its stderr still gets debug-nan's summary."""
 
 import subprocess
+import sys
 
 import pytest
 
 from tests.support.run.script_runs import write
-from tests.support.warm import python
 
 BAD_LABEL = """\
 import torch
@@ -111,7 +111,7 @@ def test_a_script_raising_before_it_trains_exits_1_as_plain_python(tmp_path, run
 def test_a_script_that_rewraps_its_stderr_still_gets_the_summary(tmp_path):
     """In a process of its own: the script detaches the real stderr's buffer, which debug-nan's log wrote to."""
     write(tmp_path, REWRAPS_STDERR)
-    done = subprocess.run([python(), "-m", "debug_nan", "run", "--no-bundle", "--", "python", "script.py"],
+    done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--no-bundle", "--", "python", "script.py"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "script: done" in done.stderr

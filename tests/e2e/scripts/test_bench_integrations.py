@@ -2,11 +2,11 @@
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import REPO
-from tests.support.warm import python
 
 pytest.importorskip("lightning.pytorch")
 pytest.importorskip("transformers")
@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 def test_bench_integrations_writes_both_frameworks(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([python(), str(REPO / "scripts" / "bench_integrations.py"), "--hidden", "32",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_integrations.py"), "--hidden", "32",
                            "--layers", "1", "--seq", "16", "--batch", "2", "--steps", "3", "--warmup", "1",
                            "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

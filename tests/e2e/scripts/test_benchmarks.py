@@ -5,14 +5,14 @@ runs them (tests/e2e/scripts/test_gpu_check.py)."""
 import json
 import math
 import subprocess
+import sys
 
 from tests.conftest import REPO, TINY
-from tests.support.warm import python
 
 
 def test_bench_overhead_model_preset_runs_the_watch(tmp_path):
     out = tmp_path / "deep.json"
-    proc = subprocess.run([python(), str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_overhead.py"), "--device", "cpu",
                            "--model", "deep", "--modes", "plain,watch", "--repeats", "1", "--warmup", "0", "--split",
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -26,7 +26,7 @@ def test_bench_overhead_model_preset_runs_the_watch(tmp_path):
 
 def test_bench_data_writes_every_section(tmp_path):
     out = tmp_path / "data.json"
-    proc = subprocess.run([python(), str(REPO / "scripts" / "bench_data.py"), "--device", "cpu", "--config",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_data.py"), "--device", "cpu", "--config",
                            TINY, "--samples", "30", "--asvs", "90", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -40,7 +40,7 @@ def test_bench_data_writes_every_section(tmp_path):
 
 def test_bench_ddp_times_every_mode_on_two_ranks(tmp_path):
     out = tmp_path / "ddp.json"
-    proc = subprocess.run([python(), str(REPO / "scripts" / "bench_ddp.py"), "--model", "deep", "--accumulate",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_ddp.py"), "--model", "deep", "--accumulate",
                            "2", "--repeats", "2", "--warmup", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -3,12 +3,12 @@ Markdown table is written, and --budget-s stops it cleanly. (On a GPU the same c
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import REPO
 from tests.support.once import once
-from tests.support.warm import python
 
 SCRIPT = str(REPO / "scripts" / "gpu_check.py")
 NO_CUDA = "skipped (no CUDA)"
@@ -20,7 +20,7 @@ SKIPPED_ON_CPU = ("oom", "aam_fsdp_run", "launchers", "mixed_precision")  # (CUD
 def gpu_check(out, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
     """The script run from `out`'s parent folder (not the repository) with a relative --out, as a new user runs
     it (`--out gpu-check/`)."""
-    proc = subprocess.run([python(), SCRIPT, "--device", "cpu", "--quick", "--out", f"{out.name}/", *args],
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--out", f"{out.name}/", *args],
                           cwd=out.parent, capture_output=True, text=True, timeout=timeout)
     return proc, json.loads((out / "gpu-check.json").read_text())
 
@@ -125,7 +125,7 @@ def test_budget_stops_cleanly_and_lists_what_did_not_run(tmp_path):
     """Stopped cleanly: exit 0 within the timeout, the JSON and the table written, and what the budget left out
     said so (demo_job alone would take minutes). Run with the default --out, the current folder (not the
     repository's)."""
-    proc = subprocess.run([python(), SCRIPT, "--device", "cpu", "--quick", "--budget-s", "8", "--only",
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--budget-s", "8", "--only",
                            "watch_syncs,demo_job,overhead"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

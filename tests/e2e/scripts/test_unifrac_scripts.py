@@ -2,17 +2,17 @@
 
 import json
 import subprocess
+import sys
 
 import biom
 import numpy as np
 from skbio import TreeNode
 
 from tests.conftest import REPO
-from tests.support.warm import python
 
 
 def test_make_sparse_table_writes_a_table_and_its_tree(tmp_path):
-    proc = subprocess.run([python(), str(REPO / "scripts" / "make_sparse_table.py"), "--samples", "40",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "make_sparse_table.py"), "--samples", "40",
                            "--features", "300", "--min-richness", "5", "--max-richness", "20", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -27,7 +27,7 @@ def test_make_sparse_table_writes_a_table_and_its_tree(tmp_path):
 
 def test_bench_unifrac_compares_with_skbio(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([python(), str(REPO / "scripts" / "bench_unifrac.py"), "--samples", "30",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_unifrac.py"), "--samples", "30",
                            "--features", "200", "--skbio", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
