@@ -1,5 +1,6 @@
 """Everything drivers/run/hooks.py's `Hooks` (and its optimizers.py part) know of the script's run, in one object:
-where the script is in a micro-batch (a named state, `Micro`), the step count, what is watched, and what the
+where the script is in a micro-batch and how it updates its weights (named states, `Micro` and `Updates`), the step
+count, what is watched, and what the
 optimizer steps and the GradScaler did since the last backward. Nothing else holds state: the hooks read and
 write these fields, and the run (app/) reads them at the command's end.
 """
@@ -22,6 +23,14 @@ class Micro(Enum):
     BACKWARD = "backward"  # inside its backward() (a forward there is the backward's recomputation, no new one)
 
 
+class Updates(Enum):
+    """How the script updates its weights, as far as the hooks know."""
+
+    UNKNOWN = "unknown"  # no backward yet without an optimizer that has a model: not looked for
+    UNOWNED = "unowned"  # a backward came first, and no module owns the parameters it reached
+    BY_HAND = "by hand"  # ... and a module did: a loop that updates the weights by hand (no optimizer)
+
+
 @dataclass
 class HookState:
     # the count: the step under way (1-based: optimizer steps taken + 1) and its micro-batches so far
@@ -38,8 +47,7 @@ class HookState:
     models: nn.Module | None = None  # several optimizers: the one module that holds their parameters
     paths: dict = field(default_factory=dict)  # ... and where each of its modules sits in it (id -> dotted path)
     schedulers: list = field(default_factory=list)  # weak references to the LR schedulers the script created
-    manual_tried: bool = False  # a backward came before any optimizer had a model: its owner was looked for
-    manual: bool = False  # ... and found: a loop that updates the weights by hand (no optimizer)
+    updates: Updates = Updates.UNKNOWN  # (a torch.optim optimizer's model, once one has it: `root`, `optimizer`)
     # what happened since the last backward or step
     stepped_since_update: bool = False  # the watched optimizer stepped since the last GradScaler.update()
     stepped_this_step: bool = False  # ... since the step's first micro-batch
@@ -50,6 +58,11 @@ class HookState:
     scaled: weakref.ref | None = None
     unscaled: torch.Tensor | None = None
     scaler: object | None = None
+
+    @property
+    def manual(self) -> bool:
+        """A loop that updates the weights by hand."""
+        return self.updates is Updates.BY_HAND
 
     @property
     def open(self) -> bool:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from debug_nan.drivers.run.hook_state import HookState, Micro
+from debug_nan.drivers.run.hook_state import HookState, Micro, Updates
 from debug_nan.drivers.run.model_calls import batch_of, loss_of, redirected_forward
 from debug_nan.drivers.run.optimizers import WatchedOptimizer
 from debug_nan.drivers.run.recorder import Recorder
@@ -265,8 +265,9 @@ class Hooks(WatchedOptimizer):
 
     # -- backward ----------------------------------------------------------------------------------------------
     def backward(self, original, tensors, *args, **kwargs):
-        if self.state.root is None and not self.state.manual_tried and self.state.phase is not Micro.BACKWARD \
-                and not self.state.paused and not any(r() is not None for r in self.state.other_optimizers):
+        state = self.state
+        if state.root is None and state.updates is Updates.UNKNOWN and state.phase is not Micro.BACKWARD \
+                and not state.paused and not any(r() is not None for r in state.other_optimizers):
             self._adopt_by_backward(tensors)
         if self.state.phase is Micro.CLOSED and self.several and not self.state.paused:
             self._open_micro(None, (), {})

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from debug_nan.drivers.run.ensemble import Optimizers, cover, watched_set
-from debug_nan.drivers.run.hook_state import HookState
+from debug_nan.drivers.run.hook_state import HookState, Updates
 from debug_nan.drivers.run.model_calls import leaves_reached, optimizer_params, owners
 from debug_nan.drivers.run.sharding import held_parameter_ids, sharded_view
 from debug_nan.drivers.run.stops import RunStopped
@@ -60,11 +60,10 @@ class WatchedOptimizer:
         """No torch.optim optimizer has a model yet and a backward comes (a loop that updates the weights by hand):
         the model is the module that owns every parameter this backward reaches. Watched from its next forward;
         each forward after a backward then closes a step (the script's own update ran between them)."""
-        self.state.manual_tried = True
         found = owners(leaves_reached(tensors))
+        self.state.updates = Updates.BY_HAND if found else Updates.UNOWNED
         if found:
-            # (this first step is over before the model is known)
-            self.state.manual = self.state.backward_since_open = True
+            self.state.backward_since_open = True  # (this first step is over before the model is known)
             self._hook_models(found)
 
     def scheduler_of(self, optimizer):
