@@ -166,6 +166,24 @@ class FrameworkCallback:
     def status(self) -> str | None:
         return self.outputs.result.status if self.outputs.result is not None else None
 
+    def found_outside(self, finding) -> bool:
+        """A forward outside training (validation, evaluation: drivers/eval_forwards.py) made NaN/+Inf: the finding
+        kept, the run stopped as at a training trip (not under DDP: one rank cannot stop the others from there)
+        -> whether the run stopped."""
+        self.outside.evals.found(finding, stop=self.driver.dist is None)
+        return self.driver.stopped
+
+    def conclude(self, integration: dict, *, rank: int, write: bool, error: BaseException | None = None,
+                 interrupted: bool = False) -> None:
+        """The run's end: the watch closed, the forwards outside training no longer watched, every output written
+        (the report's `integration`: the framework's own words, with the callback's on_trip)."""
+        m = self.driver
+        m.close()
+        if self.outside is not None:
+            self.outside.remove()
+        self.outputs.conclude(m, m.s, {**integration, "on_trip": self.outputs.on_trip}, write=write, error=error,
+                              interrupted=interrupted, rank=rank)
+
 
 def run_settings(outputs: Outputs, *, task: str | None, device, optimizer, accumulation: int, precision: str,
                  max_grad_norm: float | None, max_steps: int | None, seed: int | None, explosion_threshold: float,

@@ -203,10 +203,8 @@ class DebugNaNCallback(FrameworkCallback, TrainerCallback):
             self.outside.remove()
 
     def _found_outside(self, finding) -> None:
-        """An evaluation forward made NaN/+Inf (ForwardsOutsideTraining): training stops at the next step's end
-        (under DDP the finding is kept and training goes on: one rank cannot stop the others from there)."""
-        self.outside.evals.found(finding, stop=self.driver.dist is None)
-        if not self.driver.stopped:
+        """(Training stops at the next step's end.)"""
+        if not self.found_outside(finding):
             return
         self._conclude()
         if self.outputs.on_trip == "raise":
@@ -231,14 +229,12 @@ class DebugNaNCallback(FrameworkCallback, TrainerCallback):
         return control
 
     def _conclude(self, error: BaseException | None = None, interrupted: bool = False, alone: bool = False) -> None:
-        m, args = self.driver, self.trainer.args
-        m.close()
-        self.outputs.conclude(m, m.s, {
+        args = self.trainer.args
+        self.conclude({
             "framework": "transformers", "version": transformers.__version__,
             "precision": resolved_precision(self.trainer)[0],
             "gradient_accumulation_steps": args.gradient_accumulation_steps, "max_grad_norm": args.max_grad_norm,
             "world_size": args.world_size, "global_step": self.trainer.state.global_step,
-            "on_trip": self.outputs.on_trip,
         }, write=args.process_index == 0 or alone, error=error, interrupted=interrupted, rank=args.process_index)
 
 

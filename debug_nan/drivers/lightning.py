@@ -173,10 +173,7 @@ class DebugNaNCallback(FrameworkCallback, pl.Callback):
 
     # -- a trip ------------------------------------------------------------------------------------------------
     def _found_outside(self, trainer, finding) -> None:
-        """A validation forward made NaN/+Inf (ForwardsOutsideTraining): the run stops as at a training trip (under
-        DDP the finding is kept and training goes on: one rank cannot stop the others from a validation forward)."""
-        self.outside.evals.found(finding, stop=self.driver.dist is None)
-        if not self.driver.stopped:
+        if not self.found_outside(finding):
             return
         self._conclude(trainer)
         trainer.should_stop = True
@@ -194,14 +191,11 @@ class DebugNaNCallback(FrameworkCallback, pl.Callback):
 
     def _conclude(self, trainer, error: BaseException | None = None, interrupted: bool = False,
                   alone: bool = False) -> None:
-        m = self.driver
-        m.close()
-        self.outside.remove()
         rank = trainer.global_rank
-        self.outputs.conclude(m, m.s, {
+        self.conclude({
             "framework": "lightning", "version": pl.__version__, "precision": str(trainer.precision),
             "accumulate_grad_batches": trainer.accumulate_grad_batches, "strategy": type(trainer.strategy).__name__,
-            "world_size": trainer.world_size, "global_step": trainer.global_step, "on_trip": self.outputs.on_trip,
+            "world_size": trainer.world_size, "global_step": trainer.global_step,
         }, write=rank == 0 or alone, error=error, interrupted=interrupted, rank=rank)
 
 
