@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from debug_nan.app import run_folder, run_fork
+from debug_nan.app import run_folder, run_fork, script_errors
 from debug_nan.app import command as commands
 from debug_nan.app.command import Command
 from debug_nan.app.run_job import finish, result_of
@@ -65,6 +65,8 @@ def _this_process() -> Command:
 
 
 class HookedWatch(Watch):
+    prints_tracebacks = False  # (Python's excepthook prints the script's: self.excepthook)
+
     def __init__(self, options: RunOptions, folder: run_folder.RunFolder):
         super().__init__(options, _this_process(), Ranks.detect(), log=Log(None, stream=io.StringIO()),
                          on_stop=self._stopped)
@@ -94,7 +96,9 @@ class HookedWatch(Watch):
         elif isinstance(value, KeyboardInterrupt):  # (Ctrl-C, which reached the whole command)
             self.alone()
             self.end(Ending(interrupted=value))
-        self._excepthook(kind, value, traceback)
+        # (the traceback python prints without debug-nan: not the frames of its recorder, through which the
+        # script's torch calls went)
+        self._excepthook(kind, value, script_errors.as_python_shows(value))
 
     def terminated(self, signum, frame) -> None:
         """SIGTERM, where the script left it to Python's default: the result (interrupted) is left, then the

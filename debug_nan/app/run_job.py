@@ -109,8 +109,8 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
         return interrupts.interrupt_code(interrupted), False
     if m is None:
         if error is not None:
-            said = blame(error, " before any training step (no forward of a model whose parameters an optimizer "
-                                 "owns, then backward, had run)") + "."
+            said = blame(error, watch.prints_tracebacks, " before any training step (no forward of a model whose "
+                         "parameters an optimizer owns, then backward, had run)") + "."
             raise (CommandRaised(said) if raised_by_us(error) is None else InputError(said))
         raise InputError(f"the command ended (exit {code}) without training: debug-nan run watches the model whose "
                          f"parameters a torch.optim optimizer owns, from its forward to its backward and optimizer "
@@ -128,8 +128,8 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
     elif not m.stopped and interrupted is None and error is None:
         _last_checks(m, hooks, code)
     if error is not None and not m.findings:
-        said = blame(error, "; the watch saw no NaN/Inf before it, so this is an error in the script, not "
-                           "a numerical one")
+        said = blame(error, watch.prints_tracebacks, "; the watch saw no NaN/Inf before it, so this is an error in "
+                     "the script, not a numerical one")
         log(error_line(said + "."), "red")
     m.close()
     if error is not None and m.error is None and not m.findings:

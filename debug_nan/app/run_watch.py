@@ -79,6 +79,10 @@ class Watch:
     training forward, with the run's outputs and log. A stop decided inside a hook (RunStopped) goes to `on_stop`:
     raised out of the script when it runs in this process, the process's own end where the hook attached."""
 
+    # the script's traceback is printed here (a script run in this process); where the hook attached, Python's own
+    # excepthook prints it (app/run_hook.py), so the summary only names the error
+    prints_tracebacks = True
+
     def __init__(self, options: RunOptions, command: commands.Command, ranks: Ranks | None = None,
                  log: Log | None = None, on_stop: Callable[[RunStopped], None] | None = None):
         self.options, self.command, self.ranks = options, command, ranks

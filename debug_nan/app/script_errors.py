@@ -12,6 +12,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 
 import torch
 
@@ -22,38 +23,66 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 OVERRIDES = torch.overrides.__file__  # (handle_torch_function: how a torch function reaches a TorchFunctionMode)
 
 
-def _ours(frame: traceback.FrameSummary) -> bool:
+def _ours(filename: str) -> bool:
     """A frame `python script.py` would not show: debug-nan's (its hooks, its runner) or runpy's."""
-    return frame.filename.startswith((PACKAGE, "<frozen runpy>")) or frame.filename == runpy.__file__
+    return filename.startswith((PACKAGE, "<frozen runpy>")) or filename == runpy.__file__
 
 
-def _as_python_shows(stack: list) -> list:
-    """The frames of a traceback without debug-nan's, and without the detour a torch function takes to reach its
-    recorder (torch's `handle_torch_function`, then the same function entered again): as plain Python shows it."""
-    shown = []
-    for i, frame in enumerate(stack):
-        nxt = stack[i + 1] if i + 1 < len(stack) else None
-        if _ours(frame) or (frame.filename == OVERRIDES and nxt is not None and _ours(nxt)):
+def _shown(places: list[tuple[str, str]]) -> list[int]:
+    """Which frames of a traceback (each its (file name, function name), outermost first) plain Python shows: not
+    debug-nan's, and not the detour a torch function takes to reach its recorder (torch's `handle_torch_function`,
+    then the same function entered again) -> their indices."""
+    shown: list[int] = []
+    for i, (filename, name) in enumerate(places):
+        nxt = places[i + 1][0] if i + 1 < len(places) else None
+        if _ours(filename) or (filename == OVERRIDES and nxt is not None and _ours(nxt)):
             continue
-        if shown and i > 0 and (_ours(stack[i - 1]) or stack[i - 1].filename == OVERRIDES) \
-                and shown[-1].filename == frame.filename and shown[-1].name == frame.name:
+        before = places[i - 1][0] if i > 0 else None
+        if shown and before is not None and (_ours(before) or before == OVERRIDES) \
+                and places[shown[-1]] == (filename, name):
             shown.pop()  # (the torch function that handed the call to the recorder, entered again)
-        shown.append(frame)
+        shown.append(i)
     return shown
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception, and those it was raised from or while handling (each once)."""
+    seen, pending, chain = set(), [exc], []
+    while pending:
+        one = pending.pop()
+        if id(one) not in seen:
+            seen.add(id(one))
+            chain.append(one)
+            pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    return chain
 
 
 def _script_traceback(exc: BaseException) -> None:
     """The traceback as Python prints it for the script: its frames and the libraries', not debug-nan's."""
     report = traceback.TracebackException.from_exception(exc)
-    seen, pending = set(), [report]
-    while pending:  # the exception, and those it was raised from or while handling
-        one = pending.pop()
-        if id(one) in seen:
-            continue
-        seen.add(id(one))
-        one.stack = traceback.StackSummary.from_list(_as_python_shows(list(one.stack)))
-        pending += [e for e in (one.__cause__, one.__context__) if e is not None]
+    for one in _chain(report):
+        stack = list(one.stack)
+        one.stack = traceback.StackSummary.from_list([stack[i] for i in _shown([(f.filename, f.name)
+                                                                                for f in stack])])
     sys.stderr.write("".join(report.format()))
+
+
+def as_python_shows(exc: BaseException) -> types.TracebackType | None:
+    """`exc`'s traceback as plain Python has it for the script (for the script's or Python's own excepthook, in a
+    process the start-up hook watches), the exceptions in its chain likewise: without debug-nan's frames, unless
+    debug-nan's own code raised it (then every frame stays, for a bug report)."""
+    if raised_by_us(exc) is not None:
+        return exc.__traceback__
+    for one in _chain(exc):
+        entries, tb = [], one.__traceback__
+        while tb is not None:
+            entries.append(tb)
+            tb = tb.tb_next
+        rebuilt = None
+        for i in reversed(_shown([(t.tb_frame.f_code.co_filename, t.tb_frame.f_code.co_name) for t in entries])):
+            rebuilt = types.TracebackType(rebuilt, entries[i].tb_frame, entries[i].tb_lasti, entries[i].tb_lineno)
+        one.__traceback__ = rebuilt
+    return exc.__traceback__
 
 
 def raised_by_us(exc: BaseException) -> str | None:
@@ -63,13 +92,15 @@ def raised_by_us(exc: BaseException) -> str | None:
     return None if where is None else f"{short_path(where[0])}:{where[1]}"
 
 
-def blame(exc: BaseException, clause: str) -> str:
-    """The line that says whose error it is: the script's (its traceback as Python prints it) or debug-nan's own
-    (the whole traceback, for a bug report)."""
+def blame(exc: BaseException, show: bool, clause: str) -> str:
+    """The line that says whose error it is: the script's (with `show`, its traceback printed as Python prints it)
+    or debug-nan's own (with `show`, the whole traceback, for a bug report)."""
     where = raised_by_us(exc)
     if where is None:
-        _script_traceback(exc)
+        if show:
+            _script_traceback(exc)
         return f"the command raised {describe_exception(exc)}{clause}"
-    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if show:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     return (f"debug-nan itself failed inside the command ({type(exc).__name__}: {exc}, at {where}): a bug in "
             f"debug-nan, not an error in the script; please report it with the traceback above")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support.run.script_runs import write
+from tests.support.run.script_runs import alone, write
 
 BAD_LABEL = """\
 import torch
@@ -117,3 +117,21 @@ def test_a_script_that_rewraps_its_stderr_still_gets_the_summary(tmp_path):
     assert "script: done" in done.stderr
     summary = done.stderr[done.stderr.index("=== SUMMARY"):]
     assert "CLEAN: 3 step(s)" in summary
+
+
+@pytest.mark.processes
+def test_a_watched_processs_error_prints_pythons_own_traceback_once(tmp_path):
+    """`debug-nan run -- ./train.sh`: the script's Python is watched through the start-up hook, and its error
+    inside a torch call reaches Python's own excepthook, which prints the traceback the plain run prints: once (the
+    summary only names the error), without the frame of the recorder the call went through."""
+    write(tmp_path, BAD_LABEL)
+    (tmp_path / "train.sh").write_text(f'#!/bin/sh\nexec "{sys.executable}" script.py\n')
+    (tmp_path / "train.sh").chmod(0o755)
+    plain = alone(tmp_path / "script.py")
+    done = subprocess.run([sys.executable, "-m", "debug_nan", "run", "--no-bundle", "--", "./train.sh"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert (plain.returncode, done.returncode) == (1, 1) and done.stdout == plain.stdout == "loss 0\nloss 1\n"
+    assert plain.stderr.startswith("Traceback (most recent call last):") and plain.stderr in done.stderr
+    assert done.stderr.count("Traceback") == 1 and "debug_nan" not in plain.stderr
+    said = " ".join(done.stderr[done.stderr.index("=== SUMMARY"):].split())
+    assert "step 3, micro-batch 1: IndexError: Target 7 is out of bounds." in said

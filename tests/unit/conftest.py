@@ -1,3 +1,5 @@
+"""Fixtures the unit tests of several components share."""
+
 import pytest
 
 from debug_nan.drivers.run.recorder import Recorder
