@@ -27,7 +27,7 @@ from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import REFUSED, RunFolder
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.engine.watch.history import History
 from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.history_plot import check_plot_available
