@@ -84,19 +84,30 @@ def untested(torch_version: str, python=None) -> "str | None":
 _noted = []
 
 
-def require() -> None:
+def require(installed: bool = False) -> None:
     """At the start of every entry point (the CLI's commands, the Monitor, the framework callbacks): raise
     UnsupportedVersion (one line) for a Python or torch older than supported; a newer one than tested gets one
-    note on stderr, once per process. Imports torch."""
+    note on stderr, once per process. Imports torch, unless `installed`: then the installed torch's version is read
+    from its package metadata (the top process of `debug-nan run -- PROGRAM`, which never trains; nothing to check
+    where torch is not installed beside it)."""
     problem = python_problem()
     if problem is not None:
         raise UnsupportedVersion(problem)
-    import torch
+    if installed:
+        from importlib import metadata
 
-    problem = torch_problem(torch.__version__)
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return
+    else:
+        import torch
+
+        version = torch.__version__
+    problem = torch_problem(version)
     if problem is not None:
         raise UnsupportedVersion(problem)
-    note = untested(torch.__version__)
+    note = untested(version)
     if note is not None and not _noted:
         _noted.append(note)
         print(note, file=sys.stderr)

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from debug_nan.app.run_folder import RunFolder
-from debug_nan.app.run_watch import RunOptions
+from debug_nan.app.run_options import RunOptions
 
 PROGRAMS = {"python -c pass": "pass", 'python -c "import torch"': "import torch"}
 

@@ -18,10 +18,12 @@ import click
 
 import debug_nan
 from debug_nan import torch_support
+from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.app.cli_help import format_grouped_options
 from debug_nan.app.cli_options import command_options, run_options
 from debug_nan.app.job_settings import build_settings, load_config
+from debug_nan.app.run_options import RunOptions
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import error_line
 from debug_nan.presentation.outputs import (
@@ -73,11 +75,12 @@ def _write_report_safely(report: str, inputs: dict[str, str], outputs: dict[str,
         click.echo(f"debug-nan: note: no {what} written: {exc}", err=True)
 
 
-def require_versions() -> None:
+def require_versions(installed: bool = False) -> None:
     """The Python and torch this run would use are in the supported range (torch_support.py): else one line and
-    exit 2, before anything of debug-nan's that needs torch is imported."""
+    exit 2, before anything of debug-nan's that needs torch is imported (`installed`: torch's version read without
+    importing it)."""
     try:
-        torch_support.require()
+        torch_support.require(installed)
     except torch_support.UnsupportedVersion as exc:
         raise InputError(str(exc)) from None
 
@@ -300,14 +303,22 @@ def run(report, log_path, max_steps, explosion_threshold, explosion_growth, bund
     bundle_dir = paths.absolute(bundle_dir or (os.path.dirname(report) if report else ".")) if bundle else None
     inputs = _argv_paths(list(command))  # the script and its files: never written over by our outputs
     try:
-        with interrupts.deferred():
-            require_versions()
-            from debug_nan.app.run_job import RunOptions, run_command
         options = RunOptions(report, log_path, max_steps, explosion_threshold, explosion_growth, deterministic,
-                             bundle_dir, trace_at=trace_at, plot=plot, tensorboard=tensorboard, history=history)
+                             bundle_dir, trace_at=trace_at, plot=plot, tensorboard=tensorboard, history=history,
+                             command=list(command))
         check_output_paths({"--report": report, "--log": log_path, "--plot": plot}, inputs, bundle_dir)
         paths.refuse_foreign({"--report": report, "--log": log_path, "--plot": plot})
-        code = run_command(list(command), options)
+        target = commands.resolve(list(command))
+        if target.kind == "program":  # this process only starts it and reads its ranks' results: no torch here
+            require_versions(installed=True)
+            from debug_nan.app.run_program import run_program
+
+            code = run_program(target, options)
+        else:  # a Python command: it runs in this process (app/run_job.py)
+            with interrupts.deferred():
+                require_versions()
+                from debug_nan.app.run_job import run_command
+            code = run_command(target, options)
     except OutputWriteError as exc:
         click.echo(error_line(str(exc)), err=True)
         code = 2

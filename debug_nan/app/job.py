@@ -23,7 +23,7 @@ from debug_nan.drivers.trainer.device import resolve_device
 from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.replay.driver import is_out_of_memory
 from debug_nan.engine.session import distributed
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import write_bundle
 from debug_nan.presentation.history_plot import check_plot_available

@@ -23,7 +23,7 @@ from debug_nan.drivers.trainer.loop import Trainer
 from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import StepInputs, TaskFailure
 from debug_nan.engine.replay.trip import Trip
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.engine.watch.watch import Check
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.bundle import read_bundle, same_origin, task_file_state

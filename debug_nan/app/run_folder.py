@@ -5,7 +5,7 @@ of the workers that failed (`launcher/<pid>.json`: torchrun's ChildFailedError, 
 system's temporary folder and removed when the run ends: nothing is installed or left behind.
 
 A result, as a watched process writes it (atomically: a reader never sees half of one):
-  {"rank": 1, "world": 2, "pid": 4242, "ending": "trip" | "max-steps" | "error" | "ended", "code": 0,
+  {"rank": 1, "world": 2, "pid": 4242, "ending": "trip" | "max-steps" | "error" | "ended" | "refused", "code": 0,
    "code_seen": true,  # false: the process saw no sys.exit (its end, or a SystemExit it raised itself)
    "node_ranks": [0, 1] | null,  # the global ranks of its torchrun node (RANK - LOCAL_RANK, LOCAL_WORLD_SIZE)
    "report": {... the report of that process, as `debug-nan run`'s report, its history included ...},
@@ -26,6 +26,7 @@ from pathlib import Path
 from debug_nan.process import startup_hook
 
 OPTIONS = "DEBUG_NAN_RUN_OPTIONS"  # the run's options (RunOptions as JSON), for the watched processes
+REFUSED = "refused"  # a result's `ending`: a forked child that trained, refused (app/run_fork.py; its code: 2)
 
 
 class RunFolder:

@@ -23,8 +23,6 @@ attached: list = []  # the watch the start-up hook attached in this process (app
 _current: list = []  # the watch installed in this process (the in-process Watch, or the hook's HookedWatch)
 _registered: list[bool] = []
 
-REFUSED = "refused"  # a result's `ending`: the forked child that trained, refused (its code: 2)
-
 
 def watching(watch) -> None:
     """`watch` is installed in this process: a child forked from it starts as the module docstring says."""
@@ -86,7 +84,7 @@ def _refuse_training(parent: int) -> None:
         print(f"debug-nan: error: {message}", file=sys.stderr, flush=True)
         folder = run_folder.this_run()
         if folder is not None:
-            folder.write_result({"rank": None, "world": 1, "pid": os.getpid(), "code": 2, "ending": REFUSED,
+            folder.write_result({"rank": None, "world": 1, "pid": os.getpid(), "code": 2, "ending": run_folder.REFUSED,
                                  "held": "", "report": {"status": "error", "steps_run": 0, "first_nonfinite": None,
                                                         "findings": [], "error": message, "exit_code": 2}})
         sys.stdout.flush()

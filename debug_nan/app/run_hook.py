@@ -29,7 +29,8 @@ from debug_nan.app import run_folder, run_fork, script_errors
 from debug_nan.app import command as commands
 from debug_nan.app.command import Command
 from debug_nan.app.run_job import finish, result_of
-from debug_nan.app.run_watch import Ending, RunOptions, Watch
+from debug_nan.app.run_options import RunOptions
+from debug_nan.app.run_watch import Ending, Watch
 from debug_nan.drivers.run.ranks import Ranks
 from debug_nan.drivers.run.stops import RunStopped
 from debug_nan.errors import InputError

@@ -1,12 +1,13 @@
 """`debug-nan run -- COMMAND`: the user's own training command, unmodified, watched from outside.
 
-The spine, top to bottom in this file: `run_command` resolves the command (app/command.py); a program (torchrun, a
+The spine, top to bottom in this file: the cli resolves the command (app/command.py); a program (torchrun, a
 shell script, `accelerate launch`) goes to app/run_program.py, which starts it with the start-up hook and gives the
-one answer of all its processes. A Python command runs in this process: `Watch.run` runs it with torch's global
-hooks (drivers/run/hooks.py) telling the `Watch` its events, and returns an `Ending`, the value that says how it
-ended; `finish(watch, ending)` settles the run from that value (the last checks, the summary, the JSON report) and
-gives the exit code. A process of a program that trains runs the same `Watch` and `finish` from the hook
-(app/run_hook.py), its Ending made where it stops.
+one answer of all its processes (without importing torch: that process never trains). A Python command comes to
+`run_command`, which runs it in this process: `Watch.run` runs it with torch's global hooks (drivers/run/hooks.py)
+telling the `Watch` its events, and returns an `Ending`, the value that says how it ended; `finish(watch, ending)`
+settles the run from that value (the last checks, the summary, the JSON report) and gives the exit code. A process
+of a program that trains runs the same `Watch` and `finish` from the hook (app/run_hook.py), its Ending made where
+it stops.
 
 debug-nan's own lines go to stderr (and --log), so the script's stdout is byte for byte what it prints without
 debug-nan. On a trip the failing micro-batch (or update) is replayed in place, at once, from the run's own state
@@ -24,8 +25,9 @@ import traceback
 from debug_nan.app import command as commands
 from debug_nan.app import run_paths as paths
 from debug_nan.app.run_folder import RunFolder
-from debug_nan.app.run_program import answer, run_program
-from debug_nan.app.run_watch import Ending, RunOptions, Watch
+from debug_nan.app.run_options import RunOptions
+from debug_nan.app.run_program import answer
+from debug_nan.app.run_watch import Ending, Watch
 from debug_nan.app.script_errors import blame, raised_by_us
 from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.hooks import Hooks, RunStopped
@@ -38,20 +40,16 @@ from debug_nan.presentation.report import build_report
 from debug_nan.presentation.summary import exit_code
 from debug_nan.process import interrupts
 
-__all__ = ["Ending", "RunOptions", "Watch", "finish", "run_command"]
+__all__ = ["Ending", "Watch", "finish", "run_command"]
 
 MECHANISM = ("in place: the failing micro-batch replayed from the run's own state at that step, the script's code "
              "around the model from its record")
 
 
-def run_command(words: list[str], options: RunOptions) -> int:
-    """Run the command watched -> the exit code (1 a finding, 2 an error, else the command's own). Under torchrun
-    every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it never returns)."""
-    command = commands.resolve(words)
-    options.command = list(words)
-    options.report, options.log = paths.absolute(options.report), paths.absolute(options.log)  # before any chdir
-    if command.kind == "program":
-        return run_program(command, options)
+def run_command(command: commands.Command, options: RunOptions) -> int:
+    """Run the Python command in this process, watched -> the exit code (1 a finding, 2 an error, else the command's
+    own). Under torchrun every rank runs this; a rank leaves with its code once every rank is done (Ranks.leave: it
+    never returns)."""
     ranks = Ranks.detect()
     if ranks is not None:
         ranks.report_fatal_signals()

@@ -24,11 +24,10 @@ import sys
 import time
 
 from debug_nan.app import command as commands
-from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
-from debug_nan.app.run_folder import RunFolder
+from debug_nan.app.run_folder import REFUSED, RunFolder
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.engine.watch.history import History
 from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.history_plot import check_plot_available
@@ -165,7 +164,7 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     chosen = min(found, key=_first) if found else next(
         (r for r in results if r["report"].get("status") == "error"), results[0])
     data = dict(chosen["report"])
-    refused = [r["code"] for r in results if r.get("ending") == run_fork.REFUSED]  # (a forked child that trained)
+    refused = [r["code"] for r in results if r.get("ending") == REFUSED]  # (a forked child that trained)
     final = 1 if found else refused[0] if refused else code
     first = data.get("first_nonfinite")
     if first is not None and world > 1:

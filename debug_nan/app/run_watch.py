@@ -1,7 +1,6 @@
 """The watch of one `debug-nan run` process: `Watch` is the hooks' listener (drivers/run/hooks.py Listener), which
 builds the RunDriver at the first training forward and hands it the hooks' events; `Watch.run` runs a Python
 command in this process and returns its `Ending`, the value app/run_job.py's `finish` settles the run from.
-`RunOptions`: the options of `debug-nan run`, the same in every watched process.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import io
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from debug_nan.app import command as commands
 from debug_nan.app import run_fork
 from debug_nan.app import run_paths as paths
+from debug_nan.app.run_options import RunOptions
 from debug_nan.drivers.framework_outputs import Outputs
 from debug_nan.drivers.run.driver import RunDriver
 from debug_nan.drivers.run.ensemble import Models, Optimizers, parameter_count
@@ -27,41 +27,6 @@ from debug_nan.engine.sharded import user_class
 from debug_nan.errors import InputError
 from debug_nan.presentation.log import Log
 from debug_nan.process import interrupts
-from debug_nan.settings import OutputSettings, RunSettings, WatchSettings
-
-
-@dataclass
-class RunOptions:
-    report: str | None = None
-    log: str | None = None
-    max_steps: int | None = None
-    explosion_threshold: float = WatchSettings.explosion_threshold  # the watch's defaults
-    explosion_growth: float = WatchSettings.explosion_growth
-    deterministic: bool = False  # torch.use_deterministic_algorithms in the run
-    bundle_dir: str | None = None  # where a finding's repro bundle goes (None: --no-bundle)
-    start_dir: str = field(default_factory=os.getcwd)  # the user's folder: the bundle's path is shown from it
-    trace_at: tuple[int, int] | None = None  # --trace-at STEP:MICRO: that micro-batch traced as it runs
-    command: list[str] | None = None  # the command as typed (set by run_command)
-    plot: str | None = None  # --plot, --tensorboard, --history: as for the job
-    tensorboard: str | None = None
-    history: str = OutputSettings.history
-
-    def report_settings(self) -> dict:
-        """The report's `settings`: the options this run used (none of the job's AAM or training knobs)."""
-        return {"report": self.report, "log": self.log, "plot": self.plot, "tensorboard": self.tensorboard,
-                "history": self.history, "max_steps": self.max_steps, "explosion_threshold": self.explosion_threshold,
-                "explosion_growth": self.explosion_growth, "deterministic": self.deterministic,
-                "bundle_dir": self.bundle_dir, "bundle": self.bundle_dir is not None,
-                "trace_at": list(self.trace_at) if self.trace_at else None}
-
-    def settings(self) -> RunSettings:
-        """The watch's and the outputs' settings of this run; the training is the script's own (none of debug-nan's:
-        no train component)."""
-        watch = WatchSettings(explosion_threshold=self.explosion_threshold, explosion_growth=self.explosion_growth)
-        outputs = OutputSettings(report=self.report, log=self.log, plot=self.plot, bundle_dir=self.bundle_dir,
-                                 bundle=self.bundle_dir is not None, history=self.history,
-                                 tensorboard=self.tensorboard)
-        return RunSettings(train=None, watch=watch, outputs=outputs)
 
 
 @dataclass

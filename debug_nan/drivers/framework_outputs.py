@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.history_plot import check_plot_available
 from debug_nan.presentation.log import Log, RankMarked

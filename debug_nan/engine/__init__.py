@@ -3,6 +3,7 @@
 Stages, each a sub-package importing only the ones before it (tests/unit/test_layers.py checks it):
 
     vocabulary.py, stats.py  the words every stage shares (CheckKind, Phase, Cause, dialects); tensor helpers
+    (stats_record.py: TensorStats, plain numbers)
     watch/    on-device checks of each micro-batch (loss, gradients, parameters, optimizer state, buffers, module
               outputs), read in ONE host sync -> MicroResult; the per-step History
     trace/    the tracer: every op of a replayed micro-batch with its provenance -> a Trace of OpEvents

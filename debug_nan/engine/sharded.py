@@ -9,7 +9,10 @@ ones that `clip_grad_norm_` computes. Wrappers add path segments the user never 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (the user's names below are read without torch: the top process of `run -- PROGRAM`)
+    import torch
 
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod",
                               "_dmp_wrapped_module"})
@@ -69,6 +72,7 @@ def global_norms(norms: torch.Tensor, sharded: torch.Tensor) -> torch.Tensor:
     """[n] local L2 norms -> [n] global ones: sqrt(sum over ranks of norm^2) where `sharded` [n] bool, else the
     local value (a replicated tensor's norm is the same on every rank). One SUM all-reduce, no host sync. A NaN on
     one rank's shard makes the global norm NaN on every rank: the ranks agree on what is harm."""
+    import torch  # (here, not at the top: see the imports)
     import torch.distributed as dist
 
     squared = torch.where(sharded, norms.double() * norms.double(), torch.zeros_like(norms, dtype=torch.float64))

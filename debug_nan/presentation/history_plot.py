@@ -5,13 +5,15 @@ scale of the finite values (so a NaN never reads as a small value, nor a zero as
 from __future__ import annotations
 
 import math
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from debug_nan.engine.watch.history import History
 from debug_nan.errors import InputError, require_package
 from debug_nan.presentation.history_rows import build_rows
 from debug_nan.presentation.outputs import atomic_write
+
+if TYPE_CHECKING:  # (a type only: the top process of `run -- PROGRAM` renders its ranks' results without torch)
+    from torch import nn
 
 # category -> (colour, legend label); cells of the finite log10 scale are drawn with the colour map instead
 SPECIAL = {1: ("#d62728", "NaN"), 2: ("#ff00ff", "Inf"), 3: ("#7f7f7f", "exactly 0"), 4: ("#ffffff", "not measured")}

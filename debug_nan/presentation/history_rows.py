@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from debug_nan.engine.sharded import user_class, user_path
 from debug_nan.engine.watch.history import History
+
+if TYPE_CHECKING:  # (a type only: the top process of `run -- PROGRAM` renders its ranks' results without torch)
+    from torch import nn
 
 MAX_ROWS = 16  # rows of layers in the compact view: with the header and the legend, one screen
 TOP_BLOCKS = 3  # blocks of a family shown one by one, besides the block of the finding

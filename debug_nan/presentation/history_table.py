@@ -4,12 +4,14 @@ over the steps run, first and last value and a sparkline, every line within LINE
 from __future__ import annotations
 
 import math
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from debug_nan.engine.watch.history import History
 from debug_nan.presentation.history_rows import Row, build_rows, units
 from debug_nan.presentation.line_width import LINE_WIDTH, fit
+
+if TYPE_CHECKING:  # (a type only: the top process of `run -- PROGRAM` renders its ranks' results without torch)
+    from torch import nn
 
 BARS = "▁▂▃▄▅▆▇█"
 MAX_TREND = 12  # sparkline characters; longer runs put several steps in one character (their worst value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.stats import TensorStats
+from debug_nan.engine.stats_record import TensorStats
 from debug_nan.engine.vocabulary import Cause, Phase
 from debug_nan.engine.watch.quiet import quiet_warnings, scaler_skips
 

@@ -13,14 +13,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from debug_nan.engine.watch.history import History
 from debug_nan.errors import InputError, require_package
 from debug_nan.presentation.history_rows import build_rows
 from debug_nan.presentation.outputs import OutputWriteError
+
+if TYPE_CHECKING:  # (a type only: the top process of `run -- PROGRAM` renders its ranks' results without torch)
+    from torch import nn
 
 
 def check_tensorboard(path: str | None) -> None:
@@ -66,25 +69,26 @@ def scalars(history: History, model: nn.Module) -> dict[str, list[tuple[int, flo
 def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict[str, str]) -> str:
     """Write one event file into `path` (texts: tag -> markdown) and return its path; OutputWriteError when it
     cannot be written."""
+    # (the tensorboard package's own writer, as torch.utils.tensorboard's FileWriter wraps it: no torch here)
+    from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
-    from torch.utils.tensorboard.summary import text
-    from torch.utils.tensorboard.writer import FileWriter
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     folder = Path(path)
     staging = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         staging = tempfile.mkdtemp(dir=folder, prefix=".debug-nan-")
-        writer = FileWriter(staging)
+        writer = EventFileWriter(staging)
         per_step: dict[int, list] = {}  # one event per step holding all its values (not one event per value)
         for tag, points in scalars(history, model).items():
             for step, value in points:
                 per_step.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=value))
         for step in sorted(per_step):
-            writer.add_summary(Summary(value=per_step[step]), step)
+            writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=per_step[step])))
         last = history.steps[-1].step if history.steps else 0
         for tag, markdown in texts.items():
-            writer.add_summary(text(tag, markdown), last)
+            writer.add_event(Event(wall_time=time.time(), step=last, summary=_text(tag, markdown)))
         writer.close()
         (event,) = [p for p in Path(staging).iterdir() if p.name.startswith("events.out.tfevents")]
         target = folder / event.name
@@ -96,6 +100,21 @@ def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _text(tag: str, markdown: str):
+    """A text summary as TensorBoard's text plugin reads it (the tag `TAG/text_summary`, one UTF-8 string), as
+    torch.utils.tensorboard's `summary.text` makes it."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
+
+    plugin = SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
+    tensor = TensorProto(dtype="DT_STRING", string_val=[markdown.encode("utf-8")],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=SummaryMetadata(plugin_data=plugin),
+                                        tensor=tensor)])
 
 
 def finding_markdown(lines: list[str]) -> str:

@@ -45,6 +45,8 @@ LAZY = {
     ("debug_nan.app.cli", "debug_nan.app.job"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.app.replay"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.app.run_job"): "--help and usage errors answer without importing torch",
+    ("debug_nan.app.cli", "debug_nan.app.run_program"): "a program's top process never trains: it imports no "
+                                                        "torch, nor the in-process run (app/run_job.py)",
     ("debug_nan.app.cli", "debug_nan.presentation.report"): "--help and usage errors answer without importing torch",
     ("debug_nan.app.cli", "debug_nan.engine.session.distributed"): "--help and usage errors answer without importing "
                                                                   "torch",

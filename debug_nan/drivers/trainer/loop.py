@@ -34,7 +34,8 @@ from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure, is_out_of_memory
 from debug_nan.engine.session.agreement import RankAgreement, RunAborted
 from debug_nan.engine.session.distributed import DistContext, agree_on_setup, wrap_ddp
-from debug_nan.engine.session.outcome import MicroOutcome, RunResult, SilentSteps, StepObserver
+from debug_nan.engine.session.outcome import MicroOutcome, SilentSteps, StepObserver
+from debug_nan.engine.session.result import RunResult
 from debug_nan.engine.session.precision import Precision, scaled_step
 from debug_nan.engine.sharded import locals_of
 from debug_nan.engine.session.unreplayed import InterruptedPinpoint

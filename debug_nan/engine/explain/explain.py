@@ -11,7 +11,8 @@ from torch import nn
 
 from debug_nan.engine.explain.advice import AdviceContext, rank_advice
 from debug_nan.engine.explain.diagnose import diagnose
-from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
+from debug_nan.engine.explain.evidence import module_type, sample_ids, stats_dict
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.explain.optimizer_evidence import StepHyperparameters, optimizer_explanation
 from debug_nan.engine.sharded import user_path
 from debug_nan.engine.trace.tracer import OpEvent

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import shlex
 
-from debug_nan.engine.explain.finding import STAYED_FINITE, Finding
+from debug_nan.engine.explain.evidence import STAYED_FINITE
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.vocabulary import Phase
 
 NOT_REPLAYED = "could not be replayed in place"

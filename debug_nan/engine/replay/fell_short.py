@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.explain.finding import STAYED_FINITE, Finding, machine, watch_only_finding
+from debug_nan.engine.explain.evidence import STAYED_FINITE, machine, watch_only_finding
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import NotReplayable, StepInputs, TaskFailure
 from debug_nan.engine.trace.events import bitwise_equal
 from debug_nan.engine.watch.watch import Check

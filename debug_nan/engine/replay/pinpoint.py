@@ -21,7 +21,8 @@ import torch
 
 from debug_nan.engine.explain.advice import AdviceContext, clipping_of
 from debug_nan.engine.explain.explain import ReplayFacts, Trace, explain
-from debug_nan.engine.explain.finding import Finding, data_finding, watch_only_finding
+from debug_nan.engine.explain.evidence import data_finding, watch_only_finding
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.explain.optimizer_evidence import read_hyperparameters
 from debug_nan.engine.replay.buffer_writers import BufferWriters, Written
 from debug_nan.engine.replay.driver import (

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from debug_nan.engine.explain.finding import Finding, module_type, sample_ids, stats_dict
+from debug_nan.engine.explain.evidence import module_type, sample_ids, stats_dict
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.stats import tensor_stats
 from debug_nan.engine.trace.events import OpEvent
 from debug_nan.engine.vocabulary import Cause, Phase

@@ -1,5 +1,5 @@
-"""What the loop hands on: one micro-batch's outcome (for the trip decision), the run's result (for the report),
-and the observer that turns steps into log lines (implemented in presentation/step_line.py)."""
+"""What the loop hands on: one micro-batch's outcome (for the trip decision) and the observer that turns steps into
+log lines (implemented in presentation/step_line.py). The run's result, for the outputs, is result.py's."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Protocol
 
 import torch
 
-from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.trip import Trip
 from debug_nan.engine.vocabulary import CheckKind
-from debug_nan.engine.watch.history import History, StepRecord
+from debug_nan.engine.watch.history import StepRecord
 from debug_nan.engine.watch.phase_codes import PHASE_CODE
 from debug_nan.engine.watch.watch import Check
 
@@ -62,20 +61,6 @@ class MicroOutcome:
     def only_gradients(self) -> bool:
         """Only the gradients went non-finite (the case an fp16 loss scale can cause)."""
         return self.error is None and self.check is not None and self.check.kind == CheckKind.GRAD
-
-
-@dataclass
-class RunResult:
-    status: str  # "clean" | "nonfinite" | "error"
-    steps_run: int
-    finding: Finding | None = None
-    findings: list[Finding] = field(default_factory=list)
-    error: str | None = None
-    history: History = field(default_factory=History)
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    exit_code: int | None = None  # overrides the status's code (an abort under DDP: 2 for bad input, ...)
-    recipe: dict | None = None  # what the run trained with (optimizer, lr, schedule, clipping)
 
 
 class StepObserver(Protocol):

@@ -22,7 +22,8 @@ import math
 
 import torch
 
-from debug_nan.engine.explain.finding import Finding, explosion_finding
+from debug_nan.engine.explain.evidence import explosion_finding
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import StepInputs
 from debug_nan.engine.replay.pinpoint import Pinpointer
 from debug_nan.engine.replay.snapshot import Snapshot, capture_rng

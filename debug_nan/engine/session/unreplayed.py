@@ -4,7 +4,8 @@ stands, without the op."""
 
 from __future__ import annotations
 
-from debug_nan.engine.explain.finding import Finding, watch_only_finding
+from debug_nan.engine.explain.evidence import watch_only_finding
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.replay.driver import TaskFailure
 from debug_nan.engine.replay.snapshot import NO_OPTIMIZER_COPY, NO_SNAPSHOT
 from debug_nan.engine.replay.trip import Trip

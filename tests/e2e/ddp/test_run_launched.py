@@ -16,6 +16,7 @@ from tests.e2e.ddp import test_run_ddp
 from tests.support import SUPPORT
 from tests.support.once import once
 from tests.support.ports import reserved_port
+from tests.support.tensorboard import read_back, values
 
 SCRIPT = str(SUPPORT / "run" / "launched.py")
 LIGHTNING = str(SUPPORT / "run" / "lightning_launched.py")
@@ -154,6 +155,10 @@ def test_torchrun_a_nan_only_in_rank_1s_validation_stops_every_rank(tmp_path_fac
         done.stderr
     assert len(list((folder / "tb").glob("events.out.tfevents.*"))) == 1 and "TensorBoard events written to" in \
         done.stderr
+    events = read_back(folder / "tb")  # (the top process's own writer: rank 1's history and the one finding)
+    assert values(events, "grad_norm/total")[0] == (1, pytest.approx(report["history"][0]["grad_norm"], rel=1e-6))
+    finding = events.Tensors("finding/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "aten._softmax.default" in finding and "tests/support/models.py:35" in finding
 
 
 def test_a_rank_that_exits_while_the_other_trains_is_named_with_its_code(tmp_path_factory):

@@ -8,7 +8,7 @@ import pytest
 
 from debug_nan.app.command import Command
 from debug_nan.app.run_program import _place_log, answer
-from debug_nan.app.run_watch import RunOptions
+from debug_nan.app.run_options import RunOptions
 from debug_nan.errors import CommandRaised, InputError
 from debug_nan.presentation.log import Log
 

@@ -12,7 +12,7 @@ import pytest
 
 from debug_nan.app.run_folder import RunFolder
 from debug_nan.app.run_hook import HookedWatch, _node_ranks
-from debug_nan.app.run_watch import RunOptions
+from debug_nan.app.run_options import RunOptions
 from debug_nan.process import startup_hook
 
 

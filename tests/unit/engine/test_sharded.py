@@ -6,7 +6,8 @@ import os
 import torch
 from torch import nn
 
-from debug_nan.engine.explain.finding import Finding, module_type
+from debug_nan.engine.explain.evidence import module_type
+from debug_nan.engine.explain.finding import Finding
 from debug_nan.engine.session.agreement import MADE, RECEIVED, SEEN, RankPlan, _score
 from debug_nan.engine.sharded import has_fsdp, locals_of, sharded_flags, user_path
 from debug_nan.engine.trace.tracer import Tracer

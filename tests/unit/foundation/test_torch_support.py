@@ -6,6 +6,7 @@ other through a stand-in of torch's API)."""
 import os
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 import torch
@@ -46,11 +47,12 @@ def test_newer_than_tested_is_a_note():
     assert "Python 3.14.1 and torch 2.14.0 is newer than the newest tested" in note and "\n" not in note
 
 
-@pytest.mark.parametrize("words", [["--max-steps", "1"], ["run", "--", "python", "-c", "pass"],
+@pytest.mark.parametrize("words", [["--max-steps", "1"], ["run", "--", "python", "train.py"],
                                    ["replay", "bundle.pt"]])
 def test_an_old_torch_is_one_line_and_exit_2_at_the_cli(words, monkeypatch, tmp_path):
     monkeypatch.setattr(torch, "__version__", "2.3.1")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")  # (`run` resolves its command first: a program imports no torch)
     result = CliRunner().invoke(main, words)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -58,6 +60,18 @@ def test_an_old_torch_is_one_line_and_exit_2_at_the_cli(words, monkeypatch, tmp_
                      f"{'.'.join(map(str, sys.version_info[:3]))}: install torch >= "
                      f"2.{torch_support.oldest_torch()[1]} "
                      f"(the range is in docs/support.md)."]
+
+
+def test_a_programs_top_process_checks_the_installed_torch_without_importing_it(monkeypatch, tmp_path):
+    """`debug-nan run -- PROGRAM` only starts the program: torch's version is read from its package metadata (the
+    imported torch's, a newer one here, is not what it checks), and an old one stops it before the program starts."""
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "2.3.1" if name == "torch" else real(name))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["run", "--", "sh", "-c", "touch started"])
+    assert result.exit_code == 2 and "found torch 2.3.1 on Python" in result.output, result.output
+    assert not (tmp_path / "started").exists()
 
 
 def _python(code: str) -> subprocess.CompletedProcess:

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import torch
 
 import debug_nan
-from debug_nan.app.run_job import RunOptions
+from debug_nan.app.run_options import RunOptions
 from debug_nan.drivers.framework_outputs import CALLBACK_SETTINGS, Outputs, run_settings
 from debug_nan.engine.explain.finding import Finding
-from debug_nan.engine.session.outcome import RunResult
+from debug_nan.engine.session.result import RunResult
 from debug_nan.engine.watch.history import History
 from debug_nan.presentation.log import Log
 from debug_nan.presentation.report import (

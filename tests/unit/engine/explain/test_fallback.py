@@ -1,7 +1,7 @@
 """A watch-only finding of `debug-nan run` whose replay fell short: it says so, and `--trace-at` comes first."""
 
 from debug_nan.engine.explain.fallback import suggest_trace_at
-from debug_nan.engine.explain.finding import watch_only_finding
+from debug_nan.engine.explain.evidence import watch_only_finding
 from debug_nan.engine.vocabulary import CheckKind
 from debug_nan.engine.watch.watch import Check
 from tests.support.models import Net
