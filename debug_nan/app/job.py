@@ -176,8 +176,8 @@ def write_outputs(log, result, s: JobSettings, trainer, device, elapsed: float) 
     OutputWriteError (exit 2) after the summary when an output could not be written."""
     o = s.outputs
     options = OutputOptions(o.report, o.plot, o.tensorboard, o.history, o.quiet)
-    failure = present(log, result, trainer.model if trainer is not None else None, options, settings=s.to_dict(),
-                      device=device, elapsed=elapsed, interrupted_by=interrupt_name())
-    if failure is not None:
-        raise OutputWriteError(failure)
+    presented = present(log, result, trainer.model if trainer is not None else None, options, settings=s.to_dict(),
+                        device=device, elapsed=elapsed, interrupted_by=interrupt_name())
+    if not presented.ok:
+        raise OutputWriteError(presented.why)
     return exit_code(result)

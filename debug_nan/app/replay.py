@@ -167,10 +167,10 @@ def run_replay(bundle: str, device_spec: str, report: str | None, log_path: str 
         result.notes.append("The replay did not reproduce a non-finite value.")
     if trainer is not None:
         result.recipe = trainer.recipe.describe()
-    failure = present(log, result, trainer.model if trainer is not None else None, OutputOptions(report),
-                      settings={**data["settings"], "device": device_spec}, device=device,
-                      elapsed=time.perf_counter() - started, extra={"replay_of": bundle},
-                      interrupted_by=interrupt_name())
-    if failure is not None:
-        raise OutputWriteError(failure)
+    presented = present(log, result, trainer.model if trainer is not None else None, OutputOptions(report),
+                        settings={**data["settings"], "device": device_spec}, device=device,
+                        elapsed=time.perf_counter() - started, extra={"replay_of": bundle},
+                        interrupted_by=interrupt_name())
+    if not presented.ok:
+        raise OutputWriteError(presented.why)
     return exit_code(result)

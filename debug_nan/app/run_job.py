@@ -155,8 +155,8 @@ def finish(watch: Watch, ending: Ending, write: bool = True) -> tuple[int, bool]
     result = outputs.conclude(m, m.s, integration, interrupted=interrupted is not None, exit_code=final,
                               write=write and (watch.main_rank or not together),
                               rank=ranks.rank if ranks is not None else 0, report_settings=options.report_settings())
-    if outputs.write_failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
-        log(error_line(outputs.write_failure), "red")
+    if not outputs.presented.ok:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(outputs.presented.why), "red")
         return 2, together
     return final(result), together
 

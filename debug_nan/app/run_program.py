@@ -191,11 +191,11 @@ def answer(results: list[dict], code: int, signalled: str | None, command: comma
     outputs = OutputOptions(*(_this_node(paths.destination(path, option, None, log), ours)
                               for path, option in ((options.report, "--report"), (options.plot, "--plot"))),
                             options.tensorboard, options.history)
-    failure = present(log, result, Layout(layout or []), outputs, settings=None, device=None, elapsed=elapsed,
-                      interrupted_by=signalled or "Ctrl-C",
-                      report_of=lambda result, code: {**data, "exit_code": code, "notes": list(result.notes)})
-    if failure is not None:  # (a full disk): exit 2, as every entry point's unwritable output
-        log(error_line(failure), "red")
+    presented = present(log, result, Layout(layout or []), outputs, settings=None, device=None, elapsed=elapsed,
+                        interrupted_by=signalled or "Ctrl-C",
+                        report_of=lambda result, code: {**data, "exit_code": code, "notes": list(result.notes)})
+    if not presented.ok:  # (a full disk): exit 2, as every entry point's unwritable output
+        log(error_line(presented.why), "red")
         return 2
     return final
 

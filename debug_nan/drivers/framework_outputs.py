@@ -18,7 +18,7 @@ from debug_nan.errors import InputError, describe_exception
 from debug_nan.presentation.history_plot import check_plot_available
 from debug_nan.presentation.log import Log, RankMarked
 from debug_nan.presentation.outputs import check_writable, rank_path
-from debug_nan.presentation.pipeline import OutputOptions, present
+from debug_nan.presentation.pipeline import OutputOptions, Presented, present
 from debug_nan.presentation.tensorboard import check_tensorboard
 from debug_nan.settings import OutputSettings, RunSettings, TrainSettings, WatchSettings
 
@@ -52,7 +52,7 @@ class Outputs:
         self.log: Log | None = None
         self.started = time.perf_counter()
         self.result: RunResult | None = None
-        self.write_failure: str | None = None  # why an output could not be written (a full disk), for the caller
+        self.presented = Presented()  # what was written, and what could not be (a full disk), for the caller
 
     def settings(self) -> OutputSettings:
         """These outputs as the run's output settings (what it writes: the report's and a bundle's record)."""
@@ -104,9 +104,9 @@ class Outputs:
         options = OutputOptions(self.report if rank == 0 or not self.report else rank_path(self.report, rank),
                                 self.plot if rank == 0 else None, self.tensorboard if rank == 0 else None,
                                 self.history)
-        self.write_failure = present(self.log, result, monitor.model, options, settings=report_settings,
-                                     device=monitor.device, elapsed=time.perf_counter() - self.started,
-                                     extra={"integration": integration}, exits=exit_code is not None)
+        self.presented = present(self.log, result, monitor.model, options, settings=report_settings,
+                                 device=monitor.device, elapsed=time.perf_counter() - self.started,
+                                 extra={"integration": integration}, exits=exit_code is not None)
         return result
 
 

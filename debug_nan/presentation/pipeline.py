@@ -22,6 +22,24 @@ from debug_nan.presentation.tensorboard import finding_markdown, write_tensorboa
 from debug_nan.process import streams
 
 
+@dataclass(frozen=True)
+class Presented:
+    """What present() wrote (each output's line, as the log says it) and what it could not write (each one's
+    reason)."""
+
+    written: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def why(self) -> str:
+        """Every output that could not be written, in one paragraph ('' when all were)."""
+        return " ".join(self.failures)
+
+
 @dataclass
 class OutputOptions:
     """Where a run's outputs go (None: not asked for) and how its history table reads: the job's and `run`'s
@@ -46,12 +64,12 @@ def tensorboard_texts(result) -> dict[str, str]:
 
 def present(log, result, model, options: OutputOptions, *, settings: dict | None, device, elapsed: float,
             extra: dict | None = None, exits: bool = True, interrupted_by: str = "Ctrl-C",
-            report_of: Callable[[object, int | None], dict] | None = None) -> str | None:
+            report_of: Callable[[object, int | None], dict] | None = None) -> Presented:
     """Write every output of `result` (a RunResult; `model`, an nn.Module or its history_rows.Layout, names the
     history's rows) and close the log. `settings`, `device`, `extra`: the report's (build_report). `exits`: the
     process ends with the result's exit code (the report's `exit_code`; None under a callback). `report_of(result,
     exit_code)`: the report where it is more than the result's own (the one answer of `debug-nan run -- PROGRAM`,
-    made from its ranks' reports). Returns why an output could not be written, or None."""
+    made from its ranks' reports) -> what was written and what could not be."""
     full, found = options.history == "full", result.finding.module if result.finding is not None else None
     if result.history.steps and not options.quiet:
         log()
@@ -106,4 +124,4 @@ def present(log, result, model, options: OutputOptions, *, settings: dict | None
         for failure in failures:
             log(f"  could not write an output: {failure}", "yellow")
     log.close()
-    return " ".join(failures) or None
+    return Presented(tuple(written), tuple(failures))
