@@ -24,7 +24,10 @@ fi
 WORKERS="${DEBUG_NAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 PARALLEL=()
 if [[ "$WORKERS" -gt 1 ]] && "$PY" -c "import xdist" 2>/dev/null; then
-    PARALLEL=(-n "$WORKERS")  # (a costly run several tests share is made once: tests/support/once.py)
+    # whole files, dealt as workers free up (the longest first: tests/conftest.py), so that no worker is left with
+    # a long tail: xdist's default first deals each worker a quarter of its share in collection order, all the
+    # multi-rank jobs to the first
+    PARALLEL=(-n "$WORKERS" --dist loadfile)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 exec "$PY" -m pytest ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

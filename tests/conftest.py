@@ -31,10 +31,12 @@ def pytest_configure(config):
 
 
 # The longest tests first, so that pytest-xdist's workers end together: the GPU check's CPU quick run (minutes of
-# one worker), then the tests whose processes are their subject (torchrun's ranks, signals, the scripts); the
-# short ones fill the end. Stable: within each group, collection order.
+# one worker), then the tests whose processes are their subject (torchrun's ranks, signals, the scripts), then the
+# rest of the end-to-end layer; the unit layer's short tests fill the end. Stable: within each group, collection
+# order. scripts/test.sh hands the workers whole files (`--dist loadfile`), one at a time as each ends one, so that
+# the run a file's tests share (tests/support/once.py) is made and read on one worker, never waited for by the other.
 LONGEST_FIRST = (("tests", "e2e", "scripts", "test_gpu_check.py"), ("tests", "e2e", "ddp"), ("tests", "e2e", "process"),
-                 ("tests", "e2e", "scripts"))
+                 ("tests", "e2e", "scripts"), ("tests", "e2e"))
 
 
 def _weight(item) -> int:
