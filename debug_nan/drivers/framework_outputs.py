@@ -52,7 +52,7 @@ class Outputs:
         self.log: Log | None = None
         self.started = time.perf_counter()
         self.result: RunResult | None = None
-        self.presented = Presented()  # what was written, and what could not be (a full disk), for the caller
+        self.presented = Presented()  # what could not be written (a full disk), for the caller
 
     def settings(self) -> OutputSettings:
         """These outputs as the run's output settings (what it writes: the report's and a bundle's record)."""

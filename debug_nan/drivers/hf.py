@@ -203,7 +203,8 @@ class DebugNaNCallback(FrameworkCallback, TrainerCallback):
             self.outside.remove()
 
     def _found_outside(self, finding) -> None:
-        """(Training stops at the next step's end.)"""
+        """An evaluation forward's finding (FrameworkCallback.found_outside): training stops at the next step's
+        end."""
         if not self.found_outside(finding):
             return
         self._conclude()

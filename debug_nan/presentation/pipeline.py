@@ -24,10 +24,8 @@ from debug_nan.process import streams
 
 @dataclass(frozen=True)
 class Presented:
-    """What present() wrote (each output's line, as the log says it) and what it could not write (each one's
-    reason)."""
+    """What present() could not write: each output's reason (none: every output was written)."""
 
-    written: tuple[str, ...] = ()
     failures: tuple[str, ...] = ()
 
     @property
@@ -69,7 +67,7 @@ def present(log, result, model, options: OutputOptions, *, settings: dict | None
     history's rows) and close the log. `settings`, `device`, `extra`: the report's (build_report). `exits`: the
     process ends with the result's exit code (the report's `exit_code`; None under a callback). `report_of(result,
     exit_code)`: the report where it is more than the result's own (the one answer of `debug-nan run -- PROGRAM`,
-    made from its ranks' reports) -> what was written and what could not be."""
+    made from its ranks' reports) -> what could not be written."""
     full, found = options.history == "full", result.finding.module if result.finding is not None else None
     if result.history.steps and not options.quiet:
         log()
@@ -124,4 +122,4 @@ def present(log, result, model, options: OutputOptions, *, settings: dict | None
         for failure in failures:
             log(f"  could not write an output: {failure}", "yellow")
     log.close()
-    return Presented(tuple(written), tuple(failures))
+    return Presented(tuple(failures))

@@ -72,6 +72,7 @@ def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict
     # (the tensorboard package's own writer, as torch.utils.tensorboard's FileWriter wraps it: no torch here)
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.text.summary_v2 import text_pb
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     folder = Path(path)
@@ -88,7 +89,9 @@ def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict
             writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=per_step[step])))
         last = history.steps[-1].step if history.steps else 0
         for tag, markdown in texts.items():
-            writer.add_event(Event(wall_time=time.time(), step=last, summary=_text(tag, markdown)))
+            # (the text plugin's tag, `TAG/text_summary`, as torch.utils.tensorboard's summary.text names it)
+            summary = text_pb(f"{tag}/text_summary", [markdown])
+            writer.add_event(Event(wall_time=time.time(), step=last, summary=summary))
         writer.close()
         (event,) = [p for p in Path(staging).iterdir() if p.name.startswith("events.out.tfevents")]
         target = folder / event.name
@@ -100,21 +103,6 @@ def write_tensorboard(path: str, history: History, model: nn.Module, texts: dict
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def _text(tag: str, markdown: str):
-    """A text summary as TensorBoard's text plugin reads it (the tag `TAG/text_summary`, one UTF-8 string), as
-    torch.utils.tensorboard's `summary.text` makes it."""
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-    from tensorboard.compat.proto.tensor_pb2 import TensorProto
-    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
-    from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
-
-    plugin = SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
-    tensor = TensorProto(dtype="DT_STRING", string_val=[markdown.encode("utf-8")],
-                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
-    return Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=SummaryMetadata(plugin_data=plugin),
-                                        tensor=tensor)])
 
 
 def finding_markdown(lines: list[str]) -> str:

@@ -1,8 +1,7 @@
 """Everything drivers/run/hooks.py's `Hooks` (and its optimizers.py part) know of the script's run, in one object:
 where the script is in a micro-batch and how it updates its weights (named states, `Micro` and `Updates`), the step
-count, what is watched, and what the
-optimizer steps and the GradScaler did since the last backward. Nothing else holds state: the hooks read and
-write these fields, and the run (app/) reads them at the command's end.
+count, what is watched, and what the optimizer steps and the GradScaler did since the last backward. Nothing else
+holds state: the hooks read and write these fields, and the run (app/) reads them at the command's end.
 """
 
 from __future__ import annotations
