@@ -84,7 +84,7 @@ def data_finding(step: int, micro: int, raw, check: Check) -> Finding:
     return Finding(step=step, micro_step=micro, phase=Phase.DATA, module="", module_type="", op=None,
                    kind="nan" if n_nan else "inf", cause=Cause.NONFINITE_INPUT, explanation=explanation,
                    source=None, suggestions=list(SUGGESTIONS[Cause.NONFINITE_INPUT]), sample_ids=sample_ids(raw),
-                   inputs={check.name: tensor_stats(tensor).to_dict()}, watch=f"data `{check.name}`",
+                   inputs={check.name: tensor_stats(tensor).to_dict()}, watch=f"data `{check.label}`",
                    detected_by="data check")
 
 
@@ -95,11 +95,11 @@ def watch_only_finding(step: int, micro: int, raw, check: Check, model: nn.Modul
     module = check.name if check.kind == CheckKind.FORWARD else ""
     why = why or (f"{STAYED_FINITE}: the value depends on something the replay could not restore (a "
                   f"non-deterministic kernel, state outside the model and optimizer).")
-    explanation = f"The watch saw {check.kind} `{check.name or '<loss>'}` = {check.value}, but {why}"
+    explanation = f"The watch saw {check.said()}, but {why}"
     return Finding(step=step, micro_step=micro, phase=phase, module=module, module_type=module_type(model, module),
                    op=None, kind="nan" if math.isnan(check.value) else "inf", cause=Cause.UNKNOWN,
                    explanation=explanation, source=None, suggestions=list(SUGGESTIONS[Cause.UNKNOWN]),
-                   sample_ids=sample_ids(raw), watch=f"{check.kind} `{check.name or '<loss>'}` = {check.value}",
+                   sample_ids=sample_ids(raw), watch=check.said(),
                    detected_by="watch")
 
 

@@ -160,7 +160,7 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
         forward_source=event.forward_source, sample_ids=sample_ids(raw), inside=event.inside,
         inside_line=event.inside_line,
         inputs=stats_dict(event.inputs), outputs=stats_dict(event.outputs),
-        watch=(f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None),
+        watch=check.said() if check is not None else None,
         exception=describe_exception(error) if error is not None else None,
         notes=[unharmed_buffer_note(name, writer, step) for name, writer in facts.unharmed_buffers
                if writer is not event],

@@ -283,7 +283,7 @@ class Pinpointer:
             if transient is not None:
                 return transient_finding(self.driver, inputs.step, micro, raw, check, transient)
             return watch_only_finding(inputs.step, micro, raw, check, self.driver.model, why)
-        watch = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
+        watch = check.said() if check is not None else None
         if (writer := self.writers.finding_for(event.label, inputs.step, micro, watch)) is not None:
             return writer  # a buffer written non-finite in an earlier micro-batch: its writer is the origin
         if inputs.step == self.driver.first_step + 1 and is_start_state(event):
@@ -327,7 +327,7 @@ class Pinpointer:
         error = error or exc
         d.log(f"  [pinpoint] {tracer.ops_seen} ops traced, {len(tracer.origins)} non-finite origin(s).")
         where = where or f"In the eval pass after step {step} (model.eval(), no_grad), on held-out batch {index}: "
-        seen = f"{check.kind} `{check.name or '<loss>'}` = {check.value}" if check is not None else None
+        seen = check.said() if check is not None else None
         if origin is not None and (writer := self.writers.finding_for(origin.label, step, 0, seen)) is not None:
             return writer  # the pass met a buffer that a training step wrote non-finite: that step's op
         if origin is None:

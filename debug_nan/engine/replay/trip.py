@@ -34,7 +34,7 @@ class Trip:
     def seen(self) -> str:
         """What the watch saw, in words, for the log."""
         if self.check is not None:
-            return f"{self.check.kind} check of `{self.check.name or '<loss>'}` read {self.check.value}"
+            return f"{self.check.kind} check of `{self.check.label}` read {self.check.value}"
         return f"user code raised {describe_exception(self.error)}"
 
     def to_dict(self) -> dict:

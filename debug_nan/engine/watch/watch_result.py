@@ -28,6 +28,9 @@ def larger(a: float | None, b: float) -> float:
     return a if a != a or a >= b else b
 
 
+_UNNAMED = {CheckKind.DATA: "<batch>", CheckKind.FORWARD: "<model>"}
+
+
 @dataclass
 class Check:
     kind: CheckKind  # (see Segment.value)
@@ -41,6 +44,16 @@ class Check:
     def to_dict(self) -> dict:
         """Plain data (a repro bundle's `check`): the kind as its word."""
         return {"kind": self.kind.value, "name": self.name, "value": self.value, "nonfinite": self.nonfinite}
+
+    @property
+    def label(self) -> str:
+        """The name as the log shows it; an unnamed check is the loss, the batch itself (a lone tensor) or the root
+        model."""
+        return self.name or _UNNAMED.get(self.kind, "<loss>")
+
+    def said(self) -> str:
+        """What it read, in words: "loss `<loss>` = nan"."""
+        return f"{self.kind} `{self.label}` = {self.value}"
 
 
 @dataclass

@@ -52,3 +52,28 @@ def test_a_nan_in_a_batch_encoding_is_a_data_finding_naming_its_key(tmp_path, ru
     assert "key `inputs_embeds` [4, 5, 8] holds 1 NaN and 0 Inf of 160 values, at positions [[1, 2, 3]]" in \
         first["explanation"]
     assert stdout.splitlines()[-1].startswith("step 5 loss ")  # the script ran its five finite steps as it does
+
+
+# the model takes one tensor: the batch has no key of its own
+LONE_TENSOR = """import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step in range(1, 6):
+    x = torch.randn(4, 8)
+    if step == 4:
+        x[0, 0] = float("inf")
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_lone_batch_tensor_is_named_as_the_batch(tmp_path, run_here):
+    first, _, log = tripped(run_here, tmp_path, LONE_TENSOR, "train.py")
+    assert (first["step"], first["phase"], first["cause"]) == (4, "data", "nonfinite_input"), first
+    assert first["watch"] == "data `<batch>`" and "the batch tensor [4, 8] holds 0 NaN and 1 Inf" in \
+        first["explanation"]
+    assert "TRIP at step 4, micro-batch 1: data check of `<batch>` read inf" in log

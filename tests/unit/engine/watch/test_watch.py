@@ -247,3 +247,14 @@ def test_a_step_that_leaves_module_outputs_out_registers_no_hook():
     watch.close()
     watch.measure_outputs = True
     assert hooked() == 0  # closed stays closed
+
+
+def test_a_check_without_a_name_is_shown_as_what_it_is():
+    """A lone batch tensor has no key and the root model no path: the log names them, not `` nor `<loss>`."""
+    from debug_nan.engine.watch.watch_result import Check
+
+    assert Check("loss", "", float("nan"), "nan").said() == "loss `<loss>` = nan"
+    assert Check("data", "", float("inf"), "+inf").said() == "data `<batch>` = inf"
+    assert Check("forward", "", float("inf"), "+inf").label == "<model>"
+    assert Check("data", "input_ids", 3.0).label == "input_ids"
+    assert Check("grad", "0.weight", float("nan"), "nan").said() == "grad `0.weight` = nan"
