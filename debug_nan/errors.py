@@ -27,11 +27,17 @@ def require_package(name: str, message: str) -> None:
         raise InputError(message) from None
 
 
-def describe_exception(exc: BaseException) -> str:
-    """'ValueError: message (at model.py:12)', at the innermost user frame (debug_nan.frames decides which)."""
+def describe_exception(exc: BaseException, first_line: bool = False) -> str:
+    """'ValueError: message (at model.py:12)', at the innermost user frame (debug_nan.frames decides which).
+    `first_line`: a message of several lines (torch.load's weights-only error has eight) cut to its first, for a
+    line printed under the traceback that holds it whole."""
     frame = user_frame_of_traceback(traceback.extract_tb(exc.__traceback__))
     where = f" (at {short_path(frame.filename)}:{frame.lineno})" if frame is not None else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    message = str(exc)
+    lines = message.strip().splitlines()
+    if first_line and len(lines) > 1:
+        message = f"{lines[0].rstrip()} [+{len(lines) - 1} lines, in the traceback above]"
+    return f"{type(exc).__name__}: {message}{where}"
 
 
 def describe_os_error(exc: OSError) -> str:

@@ -99,7 +99,7 @@ def blame(exc: BaseException, show: bool, clause: str) -> str:
     if where is None:
         if show:
             _script_traceback(exc)
-        return f"the command raised {describe_exception(exc)}{clause}"
+        return f"the command raised {describe_exception(exc, first_line=True)}{clause}"
     if show:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     return (f"debug-nan itself failed inside the command ({type(exc).__name__}: {exc}, at {where}): a bug in "

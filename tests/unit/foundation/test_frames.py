@@ -101,3 +101,13 @@ def test_the_users_own_line_is_shown_and_the_librarys_line_beside_it():
     # no frame of the user's own: the library's line is shown alone (the caller decides, e.g. a replayed call's)
     assert pick_frames([functional, timm, os.path.join(PACKAGE_DIR, "drivers", "run", "tape.py"), user]) == (
         1, None, False)
+
+
+def test_a_message_of_several_lines_is_cut_to_its_first_only_when_asked():
+    """torch.load's weights-only error runs to eight lines: the line under the script's traceback keeps the first."""
+    try:
+        raise ValueError("Weights only load failed.\n\t(1) re-run with weights_only=False\n\t(2) allowlist it\n")
+    except ValueError as exc:
+        short, full = describe_exception(exc, first_line=True), describe_exception(exc)
+    assert short.startswith("ValueError: Weights only load failed. [+2 lines, in the traceback above] (at ")
+    assert "(2) allowlist it" in full and "[+" not in full
