@@ -4,6 +4,7 @@ without importing it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 
@@ -40,6 +41,6 @@ class TensorStats:
         if self.mean is not None:
             parts.append(f"mean {self.mean:.4g} std {self.std:.4g}")
         parts.append(f"NaN {pct(self.nan)} +Inf {pct(self.posinf)} -Inf {pct(self.neginf)}")
-        if self.headroom is not None:
-            parts.append(f"headroom {self.headroom:.3g}x")
+        if self.headroom is not None:  # (a float64 tensor under 1 has more than a float holds: said as a bound)
+            parts.append(f"headroom {self.headroom:.3g}x" if math.isfinite(self.headroom) else "headroom >1e308x")
         return ", ".join(parts)

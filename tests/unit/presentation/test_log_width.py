@@ -42,3 +42,14 @@ def test_an_all_zero_tensor_has_no_headroom():
     line = tensor_stats(torch.zeros(3)).line()
     assert "headroom" not in line and "inf" not in line.lower().replace("+inf 0", "").replace("-inf 0", "")
     assert "headroom 3.4e+38x" in tensor_stats(torch.ones(2)).line()
+
+
+def test_a_float64_tensor_under_one_has_its_headroom_said_as_a_bound():
+    """float64's max over a |x| below 1 is more than a float holds: not `headroom infx` (the headroom is finite)."""
+    import torch
+
+    from debug_nan.engine.stats import tensor_stats
+
+    line = tensor_stats(torch.tensor([0.5, -0.25], dtype=torch.float64)).line()
+    assert "headroom >1e308x" in line and "infx" not in line
+    assert "headroom 1.8e+308x" in tensor_stats(torch.tensor([1.0], dtype=torch.float64)).line()

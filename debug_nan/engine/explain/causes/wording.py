@@ -61,7 +61,7 @@ SUGGESTIONS = {
     ],
     Cause.NONFINITE_INPUT: [
         "Filter or repair the data: the batch itself holds NaN/Inf before the model sees it.",
-        "Check the preprocessing that produced this key (division by zero totals, log of zero, missing values).",
+        "Check the preprocessing that produced this tensor (division by zero totals, log of zero, missing values).",
     ],
     Cause.NONFINITE_PARAMETER: [
         "Lower the learning rate, add warmup, or clip gradients (--max-grad-norm).",
