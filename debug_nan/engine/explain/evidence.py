@@ -111,10 +111,13 @@ def explosion_finding(record, floor: float, steps: list, micro: int, threshold: 
     series = ", ".join(f"{r.grad_norm:.3g}" for r in steps if r.grad_norm is not None)
     share = value * value / max(record.grad_norm ** 2, 1e-30)
     explanation = (f"The total gradient norm grew from {floor:.3g} to {record.grad_norm:.3g} by step {record.step}, "
-                   f"past --explosion-threshold {threshold:g} and {record.grad_norm / max(floor, 1e-12):.3g}x the "
+                   f"past the explosion threshold {threshold:g} (--explosion-threshold) and "
+                   f"{record.grad_norm / max(floor, 1e-12):.3g}x the "
                    f"smallest earlier norm (per step: {series}). Largest: `{name}` {value:.3g} ({share:.0%} of "
                    f"the squared total). Nothing is non-finite yet: stopped before the overflow.")
+    # (a parameter of the root itself, `weight` of a bare Linear: its module is the model, not "outside the model")
+    owner = module_type(model, module) if module else user_class(type(model)).__name__
     return Finding(step=record.step, micro_step=micro, phase=Phase.BACKWARD, module=module,
-                   module_type=module_type(model, module), op=None, kind="inf", cause=Cause.GRADIENT_EXPLOSION,
+                   module_type=owner, op=None, kind="inf", cause=Cause.GRADIENT_EXPLOSION,
                    explanation=explanation, source=None, suggestions=list(SUGGESTIONS[Cause.GRADIENT_EXPLOSION]),
                    watch=f"grad norm {record.grad_norm:.4g}", detected_by="gradient history")
