@@ -212,6 +212,7 @@ class Hooks(WatchedOptimizer):
         if self.state.phase is Micro.CLOSED and not torch.is_grad_enabled():  # validation, generation
             if self._adopt(module):
                 self.flush_step()
+                self._end_manual_update()  # (else its tape would record the whole validation pass, outputs and all)
                 self._calls[-1] = OUTSIDE_TRAINING
                 self.listener.eval_begin(module, args, kwargs, self.state.step - 1)
             return
@@ -252,11 +253,7 @@ class Hooks(WatchedOptimizer):
                                        self._is_model(module) if self.several else module is self.state.root):
             return
         self.flush_step()
-        if self.state.manual and self.state.backward_since_open:  # the script's own update ran since the backward
-            if self.state.micro:
-                self.close_manual_step()
-            else:  # the step whose backward found the model: not watched, but counted
-                self.state.step += 1
+        self._end_manual_update()
         self.state.backward_since_open = self.state.stepped_this_step = False
         self.state.phase = Micro.FORWARD
         self.state.micro += 1
@@ -352,6 +349,16 @@ class Hooks(WatchedOptimizer):
                 self.state.step_pending = True  # (another optimizer may join this step before the next forward)
             else:
                 self._close_step(skipped=False)
+
+    def _end_manual_update(self) -> None:
+        """A loop with no optimizer, at a forward after a backward: the script's own update ran between them, and
+        its step closes here."""
+        if self.state.manual and self.state.backward_since_open:
+            if self.state.micro:
+                self.close_manual_step()
+            else:  # the step whose backward found the model: not watched, but counted
+                self.state.step += 1
+                self.state.backward_since_open = False
 
     def close_manual_step(self) -> None:
         """A loop with no optimizer: its update (recorded since the last backward) ends at the next forward, or

@@ -242,21 +242,26 @@ class Tape:
         for (slot, wants_grad), t in zip(self.inputs, given):
             values[slot] = t.requires_grad_(True) if wants_grad and t.is_leaf else t
         first = True
-        for entry in self.entries:
-            if entry.func is MODEL:
-                if first:
-                    args, kwargs = first_args, first_kwargs
+        # a grad mode the tape's code set stays inside its replay: a tape can end inside a `with torch.no_grad()`
+        # (a loop's own update ends at its validation's first forward), which must not leave the next replay's
+        # forward without gradients
+        with torch.set_grad_enabled(torch.is_grad_enabled()):
+            for entry in self.entries:
+                if entry.func is MODEL:
+                    if first:
+                        args, kwargs = first_args, first_kwargs
+                    else:
+                        args, kwargs = self._decode(entry.leaves, entry.spec, values)
+                    first = False
+                    called = call_model if entry.member is None else call_model.get_submodule(entry.member)
+                    with forward_as(called, entry.forward), autocast_as(entry.autocast), \
+                            replayed_at(entry.location):
+                        out = called(*args, **kwargs)
                 else:
                     args, kwargs = self._decode(entry.leaves, entry.spec, values)
-                first = False
-                called = call_model if entry.member is None else call_model.get_submodule(entry.member)
-                with forward_as(called, entry.forward), autocast_as(entry.autocast), replayed_at(entry.location):
-                    out = called(*args, **kwargs)
-            else:
-                args, kwargs = self._decode(entry.leaves, entry.spec, values)
-                with replayed_at(entry.location), autocast_as(entry.autocast):
-                    out = entry.func(*args, **kwargs)
-            self._fill(entry, out, values)
+                    with replayed_at(entry.location), autocast_as(entry.autocast):
+                        out = entry.func(*args, **kwargs)
+                self._fill(entry, out, values)
         return values
 
     def backward_args(self, values: list, scaled: bool = True) -> tuple[tuple, dict]:

@@ -185,3 +185,26 @@ def test_the_micro_batchs_phase_is_one_named_state_and_a_backward_that_raised_le
     with pytest.raises(ValueError):
         out.sum().backward()
     assert h.state.phase is Micro.FORWARD and h.state.micro == 1  # (the run's end replays that micro-batch)
+
+
+def test_a_hand_written_update_ends_at_a_validation_forward_and_the_pass_is_not_recorded(hooks):
+    """pytorch/examples' word language model updates by hand, then validates: its step ends at the validation's
+    first forward (the update ran before it), and no tape stays open through the pass (it recorded every
+    validation output: 24 GB on that example, killed by the OOM killer)."""
+    h, events = hooks
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    for step in range(1, 3):
+        model.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+        with torch.no_grad():
+            for _ in range(2):
+                out = model(torch.ones(5, 3))
+                assert h.recorder.tape is None  # nothing of the validation pass is recorded
+                (out * 2).sum().item()
+    steps = [e for e in events if e[0] in ("step_begin", "step_end", "eval")]
+    # the first step found the model by its backward (counted, not watched); the second closes at its validation
+    assert steps == [("eval", 1, (5, 3)), ("eval", 1, (5, 3)), ("step_begin", 2), ("step_end", 2, False),
+                     ("eval", 2, (5, 3)), ("eval", 2, (5, 3))]

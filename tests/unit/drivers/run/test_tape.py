@@ -204,3 +204,20 @@ def test_a_forward_a_strategy_redirected_is_redirected_again_at_the_replay():
         with forward_as(wrapper, seen[0]):
             assert wrapper(x).item() == steps.training_step(x).item()
         assert "forward" in vars(steps) and steps.forward == steps.__class__.forward.__get__(steps)
+
+
+def test_a_tape_that_ends_inside_no_grad_leaves_the_grad_mode_as_its_replay_found_it(recorder):
+    """A loop's own update ends at its validation's first forward, inside `with torch.no_grad()`: the tape holds
+    the block's entry, not its exit. Replaying it must not leave the next replay's forward without gradients."""
+    model = nn.Linear(2, 1)
+    tape = recorder.tape = Tape(first_form="single")
+    forward(recorder, tape, model, torch.ones(3, 2))
+    block = torch.no_grad()
+    block.__enter__()  # the validation begins; the tape is cut here
+    recorder.tape = None
+    block.__exit__(None, None, None)
+    if not any("grad" in str(getattr(e.func, "__name__", e.func)) for e in tape.entries):
+        pytest.skip("this torch does not send the grad mode's switch through torch function modes")
+    args, kwargs = call_arguments(torch.ones(3, 2), tape.first_form)
+    tape.replay(model, args, kwargs)
+    assert torch.is_grad_enabled()
