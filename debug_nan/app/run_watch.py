@@ -144,8 +144,10 @@ class Watch:
         return self.ranks.adopt()
 
     def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> None:
-        if self.driver is not None and not self.driver.stopped:
-            self.driver.eval_forwards.begin(module, args, kwargs, steps_taken)
+        with self.stops():
+            if self.driver is not None and not self.driver.stopped and \
+                    self.driver.eval_begin(module, args, kwargs, steps_taken):
+                raise RunStopped("trip")
 
     def eval_end(self, output) -> None:
         with self.stops():

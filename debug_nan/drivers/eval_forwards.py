@@ -58,6 +58,18 @@ class EvalForwards:
         self._call = (module, capture_batch(batch_of(args, kwargs), device), batch_form(args, kwargs), rng,
                       torch.is_inference_mode_enabled(), module.training)
 
+    def update_first(self) -> Finding | None:
+        """Before the first forward outside training after an update: that update's parameter check first (the sync
+        the next step would make), as the CLI reads it before its eval pass, so that a validation on weights the
+        update broke names the update at its step, not the validation (whose replay starts from the broken weights)
+        -> the update's finding, or None. Under DDP it waits for the next step's agreed sync: a pass that only rank
+        0 runs must not wait on the others."""
+        s = self.d.session
+        if s.stopped or not s.update_unread or s.p.agreement is not None:
+            return None
+        with torch.inference_mode(False), torch.enable_grad():  # (a trip replays that step: with gradients)
+            return self.d.read_update()
+
     def end(self, output) -> Finding | None:
         """After the forward: its output's one check; the finding when it holds NaN or +Inf."""
         call, self._call = self._call, None
@@ -91,8 +103,10 @@ class EvalForwards:
         sync, where it tells the others (session.held): a rank stopped in a forward outside training would leave the
         others waiting in their next collective."""
         d = self.d
-        d.findings.append(finding)
         self.done = True  # (the first one is the finding: later forwards outside training are not checked)
+        if any(f is finding for f in d.findings):  # the update's, read before this forward (update_first): kept
+            return  # and stopped on already, as a training finding
+        d.findings.append(finding)
         where = (f"Found in a forward of the model outside training (a validation pass, a generate loop) after step "
                  f"{finding.step}; every training step before it was finite. ")
         if not stop:  # several ranks: told to the others at the next agreed sync (session.held), all stop there
@@ -131,6 +145,14 @@ class ForwardsOutsideTraining:
     def _pre(self, module, args, kwargs) -> None:
         self.depth += 1
         if self.depth == 1 and self._active():
+            self.busy = True
+            try:
+                finding = self.evals.update_first()
+            finally:
+                self.busy = False
+            if finding is not None:
+                self.on_finding(finding)
+                return
             self.tracking = module
             self.evals.begin(module, args, kwargs, self.steps_taken())
 

@@ -98,6 +98,10 @@ class FrameworkDriver(SessionDriver):
         self.stopped = True
         return finding
 
+    def read_update(self) -> Finding | None:
+        """The last update's parameter check, now; a finding stops the run as at any trip."""
+        return None if self.stopped else self._settle(self.session.finish, last=False)
+
     def close(self) -> None:
         self.watch.close()
 

@@ -192,6 +192,17 @@ class RunDriver(TapeReplayer, FrameworkDriver):
             self.findings.append(finding)
             self.session.stop(finding)
 
+    def eval_begin(self, module, args: tuple, kwargs: dict, steps_taken: int) -> bool:
+        """A forward outside training begins -> True when the run is to stop before it: the first one after an
+        update reads that update's check first (EvalForwards.update_first), which may trip."""
+        if not self.watch_on_outside_training():
+            return False
+        self.eval_forwards.update_first()
+        if self.stopped:
+            return True
+        self.eval_forwards.begin(module, args, kwargs, steps_taken)
+        return False
+
     def eval_end(self, output) -> bool:
         """A forward outside training ended: True when its output was harmful and the run is to stop (one process;
         under torchrun the finding is kept and the run goes on: EvalForwards.found)."""

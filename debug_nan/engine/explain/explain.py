@@ -141,9 +141,10 @@ def explain(trace: Trace, model: nn.Module, optimizer) -> Finding:
     module, kind_of_module = event.module, event.module_type
     if event.phase == Phase.OPTIMIZER:
         bad = {k: v for k, v in event.scalars.items() if isinstance(v, float) and not math.isfinite(v)}
-        if bad and optimizer is None:  # a hand-written update's step size is itself non-finite
+        if bad:  # the update's step size is itself non-finite (not an Inf written on purpose, a mask)
             explanation = (f"{event.op} was called with {', '.join(f'{k}={v}' for k, v in bad.items())}: the "
-                           f"step size the loop computed is not finite")
+                           f"step size {'the loop computed ' if optimizer is None else ''}is not finite"
+                           f"{'' if optimizer is None else '.'}")  # (the by-hand words go on after it)
         param, explanation, replaced = _optimizer_explanation(model, optimizer, facts.hyper, reached or [],
                                                               explanation)
         suggestions = replaced or suggestions

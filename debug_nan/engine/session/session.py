@@ -176,6 +176,11 @@ class StepSession:
             if inputs is not None:
                 inputs.snapshot = self.snapshot
 
+    @property
+    def update_unread(self) -> bool:
+        """An optimizer step was taken since the parameters were last read (finish() reads them now)."""
+        return self._unread_update
+
     def _read_update(self) -> None:
         if self._unread_update:
             self.watch.watch_params()

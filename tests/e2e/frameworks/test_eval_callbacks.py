@@ -150,3 +150,63 @@ def test_the_monitor_raises_at_a_validation_nan_outside_its_steps():
     _assert_masked_softmax(raised.value.finding, step=3, batch=2)
     monitor.close()
     assert not model._forward_hooks and not model._forward_pre_hooks  # close() takes every hook off
+
+
+def test_an_update_that_broke_the_weights_is_named_before_the_monitors_validation_reads_them():
+    """The validation's first forward reads the last update's check first (as the CLI does before its eval pass):
+    the NonFiniteError names the optimizer step that made the weights inf, not the validation forward."""
+    import debug_nan
+
+    torch.manual_seed(0)
+    model = Attention()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens, keep, labels = data(None)
+    monitor = debug_nan.Monitor(model, lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]), optimizer)
+    for i in range(3):
+        batch = (tokens[4 * i:4 * i + 4], keep[4 * i:4 * i + 4], labels[4 * i:4 * i + 4])
+        optimizer.param_groups[0]["lr"] = float("inf") if i == 2 else 0.1  # (the loop's own schedule, gone wrong)
+        with monitor.step(batch):
+            F.cross_entropy(model(*batch[:2]), batch[2]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad(), pytest.raises(debug_nan.NonFiniteError) as raised:
+        model(tokens[:4], keep[:4])
+    f = raised.value.finding
+    assert (f.phase, f.step, f.cause) == ("optimizer", 3, "nonfinite_parameter"), f
+    assert "The learning rate is inf in optimizer.param_groups[0]" in f.explanation
+    monitor.close()
+
+
+def test_lightning_an_update_that_broke_the_weights_is_named_before_its_validation(tmp_path):
+    """A per-step schedule gone to inf after 3 steps, validation every 4 steps: step 4's update is the finding."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from debug_nan.integrations.lightning import DebugNaNCallback
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Attention()
+
+        def training_step(self, batch, i):
+            return F.cross_entropy(self.net(batch[0], batch[1]), batch[2])
+
+        def validation_step(self, batch, i):
+            self.log("val_loss", F.cross_entropy(self.net(batch[0], batch[1]), batch[2]))
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float("inf") if s >= 3 else 1.0)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    torch.manual_seed(0)
+    callback = DebugNaNCallback(report=str(tmp_path / "r.json"))
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0,
+                         val_check_interval=4, callbacks=[callback])
+    trainer.fit(Lit(), DataLoader(TensorDataset(*data(None)), batch_size=2),
+                DataLoader(TensorDataset(*data(None)), batch_size=4))
+    f = callback.finding
+    assert (f.phase, f.step, f.cause) == ("optimizer", 4, "nonfinite_parameter"), f
+    assert "LambdaLR set it after 3 of its steps" in f.explanation
+    assert callback.status == "nonfinite" and trainer.global_step == 4

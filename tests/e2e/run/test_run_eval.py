@@ -166,3 +166,41 @@ def test_a_generate_loop_is_stopped_at_its_nan_before_the_sampling_raises(tmp_pa
     assert (f["phase"], f["step"], f["micro_step"], f["op"], f["source"]) == \
         ("eval", 3, 1, "aten._softmax.default", "script.py:18")
     assert "multinomial" not in stderr
+
+
+# an update that breaks the weights, then the validation pass: the validation's inf output is not the origin
+UPDATE_THEN_VALIDATION = """\
+import sys
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+for step in range(1, 7):
+    x, y = torch.randn(32, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.param_groups[0]["lr"] = float("inf") if step == 4 else 0.1
+    optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        val = F.cross_entropy(model(torch.randn(64, 8, generator=g)), torch.zeros(64, dtype=torch.long))
+    model.train()
+    print(f"step {step} loss {loss.item():.4f} val {val.item():.4f}")
+"""
+
+
+def test_an_update_that_broke_the_weights_is_named_before_the_validation_that_reads_them(tmp_path, run_here):
+    """The update's parameter check is read at the validation's first forward (as the CLI reads it before its eval
+    pass), so the finding is the optimizer step at the script's line, not `eval` at a line inside torch."""
+    write(tmp_path, UPDATE_THEN_VALIDATION, "train.py")
+    done = run_here("python", "train.py")[0]
+    f = done.first
+    assert done.code == 1 and (f["step"], f["phase"], f["cause"], f["source"]) == (
+        4, "optimizer", "nonfinite_parameter", "train.py:15"), done.output
+    assert "The learning rate is inf in optimizer.param_groups[0]" in f["explanation"]
+    assert "aten.add_.Tensor was called with alpha=-inf: the step size is not finite." in f["explanation"]
+    assert "a mask value" not in f["explanation"]
