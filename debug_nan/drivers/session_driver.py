@@ -55,12 +55,12 @@ class SessionDriver:
     def history(self):
         return self.session.history
 
-    # -- the StepDriver methods (replay_loss is each subclass's) ---------------------------------------------
     def read_update(self):
         """The last update's parameter check, now (before a forward outside training: eval_forwards.py
         update_first) -> its Finding or None."""
         return self.session.finish()
 
+    # -- the StepDriver methods (replay_loss is each subclass's) ---------------------------------------------
     def backward(self, loss: torch.Tensor, scaled: bool = True) -> None:
         """One micro-batch's backward as the run takes it: the loss's share of the step, times the fp16 scale when
         `scaled` (the fp16 probe replays it at scale 1)."""
