@@ -210,3 +210,32 @@ def test_lightning_an_update_that_broke_the_weights_is_named_before_its_validati
     assert (f.phase, f.step, f.cause) == ("optimizer", 4, "nonfinite_parameter"), f
     assert "LambdaLR set it after 3 of its steps" in f.explanation
     assert callback.status == "nonfinite" and trainer.global_step == 4
+
+
+def test_hf_trainer_an_update_that_broke_the_weights_is_named_before_its_evaluation(tmp_path):
+    """The HF Trainer with its own optimizer and a per-step schedule gone to inf after 3 steps, evaluating every 4
+    steps: step 4's update is the finding, read at the evaluation's first forward."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from debug_nan.integrations.hf import DebugNaNCallback
+
+    def rows():
+        tokens, keep, labels = data(None)
+        return [{"tokens": t, "keep": k, "labels": y} for t, k, y in zip(tokens, keep, labels)]
+
+    torch.manual_seed(0)
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float("inf") if s >= 3 else 1.0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, per_device_eval_batch_size=4, max_steps=6,
+        eval_strategy="steps", eval_steps=4, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+        seed=0, logging_steps=1000)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows(), eval_dataset=rows(),
+                                   optimizers=(optimizer, schedule))
+    callback = DebugNaNCallback(trainer, report=str(tmp_path / "r.json"))
+    trainer.add_callback(callback)
+    trainer.train()
+    f = callback.finding
+    assert (f.phase, f.step, f.cause) == ("optimizer", 4, "nonfinite_parameter"), f
+    assert trainer.state.global_step == 4
