@@ -36,7 +36,10 @@ def data(hide_row: int | None):
     return tokens, keep, labels
 
 
-def lightning_fit(callback, sanity_steps: int, hide_row: int | None = 5):
+def lightning_fit(callback, sanity_steps: int, hide_row: int | None = 5,
+                  optimizers=lambda params: torch.optim.AdamW(params, lr=1e-2), train_batch: int = 4, **options):
+    """Lightning's fit of the Attention model; `optimizers(parameters)` is configure_optimizers' value, `options`
+    more pl.Trainer arguments (max_epochs 2 unless given)."""
     pl = pytest.importorskip("lightning.pytorch")
 
     class Lit(pl.LightningModule):
@@ -53,14 +56,14 @@ def lightning_fit(callback, sanity_steps: int, hide_row: int | None = 5):
             self.log("val_loss", F.cross_entropy(self.net(tokens, keep), labels))
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+            return optimizers(self.parameters())
 
     torch.manual_seed(0)
-    train = DataLoader(TensorDataset(*data(None)), batch_size=4)
+    train = DataLoader(TensorDataset(*data(None)), batch_size=train_batch)
     val = DataLoader(TensorDataset(*data(hide_row)), batch_size=4)
-    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=sanity_steps,
-                         callbacks=[callback])
+    trainer = pl.Trainer(**{"max_epochs": 2, **options}, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         num_sanity_val_steps=sanity_steps, callbacks=[callback])
     trainer.fit(Lit(), train, val)
     return trainer
 
@@ -180,32 +183,16 @@ def test_an_update_that_broke_the_weights_is_named_before_the_monitors_validatio
 
 def test_lightning_an_update_that_broke_the_weights_is_named_before_its_validation(tmp_path):
     """A per-step schedule gone to inf after 3 steps, validation every 4 steps: step 4's update is the finding."""
-    pl = pytest.importorskip("lightning.pytorch")
     from debug_nan.integrations.lightning import DebugNaNCallback
 
-    class Lit(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = Attention()
+    def optimizers(params):
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float("inf") if s >= 3 else 1.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-        def training_step(self, batch, i):
-            return F.cross_entropy(self.net(batch[0], batch[1]), batch[2])
-
-        def validation_step(self, batch, i):
-            self.log("val_loss", F.cross_entropy(self.net(batch[0], batch[1]), batch[2]))
-
-        def configure_optimizers(self):
-            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float("inf") if s >= 3 else 1.0)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    torch.manual_seed(0)
     callback = DebugNaNCallback(report=str(tmp_path / "r.json"))
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0,
-                         val_check_interval=4, callbacks=[callback])
-    trainer.fit(Lit(), DataLoader(TensorDataset(*data(None)), batch_size=2),
-                DataLoader(TensorDataset(*data(None)), batch_size=4))
+    trainer = lightning_fit(callback, sanity_steps=0, hide_row=None, optimizers=optimizers, train_batch=2,
+                            max_epochs=1, val_check_interval=4)
     f = callback.finding
     assert (f.phase, f.step, f.cause) == ("optimizer", 4, "nonfinite_parameter"), f
     assert "LambdaLR set it after 3 of its steps" in f.explanation
