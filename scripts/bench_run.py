@@ -361,7 +361,7 @@ def main() -> None:
         print(f"{name:>14} | {res['plain_ms']:>7.1f} ms | {res['run_ms']:>5.1f} ms | {res['ratio']:.3f} | "
               f"{res['cpu_ratio']:.3f} | {ev} | {res['load_min']:.1f}-{res['load_max']:.1f}")
     if a.json:
-        Path(a.json).write_text(json.dumps(results if a.shapes else results[a.model], indent=1))
+        write_json(a.json, results if a.shapes else results[a.model])
 
 
 def alternate(a, cases) -> None:
@@ -401,7 +401,14 @@ def alternate(a, cases) -> None:
               f"({spread('wall')}) | {res['cpu_ratio']:.3f} | {ev:>19} | "
               f"{min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f}")
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+        write_json(a.json, results)
+
+
+def write_json(path: str, data) -> None:
+    """--json: its folder made if missing (a relative path is the caller's folder's)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
 
 
 def summary(runs: list, settings: list[str]) -> dict:
